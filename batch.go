@@ -1,0 +1,120 @@
+package dedupe
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ClaimBatch claims many keys inside the caller's transaction with one
+// statement (plus one read when some keys already exist), for transports that
+// deliver batches. The result is parallel to keys. A key that appears more
+// than once in keys is claimed once: its later occurrences report
+// OutcomeDuplicate with an empty Result.
+//
+// As with Claim, the caller runs effects only for OutcomeClaimed and the
+// claims commit or roll back with tx. If one message of the batch fails, roll
+// back and fall back to one transaction per message (or savepoints), so that
+// the failure neither loses nor duplicates the others.
+func (i *Inbox) ClaimBatch(ctx context.Context, tx pgx.Tx, keys []Key) ([]*Claim, error) {
+	for _, k := range keys {
+		if err := k.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]*Claim, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
+
+	// Distinct keys in a fixed order: an upsert cannot touch a row twice, and
+	// concurrent batches that lock in the same order cannot deadlock.
+	type item struct {
+		key   Key
+		first int
+	}
+	byKey := make(map[[2]string]int, len(keys))
+	var items []item
+	for n, k := range keys {
+		id := [2]string{k.Scope, k.ID}
+		if _, ok := byKey[id]; ok {
+			out[n] = &Claim{Key: k, Outcome: OutcomeDuplicate, Result: &Result{}}
+			continue
+		}
+		byKey[id] = n
+		items = append(items, item{key: k, first: n})
+	}
+	slices.SortFunc(items, func(a, b item) int {
+		return cmp.Or(cmp.Compare(a.key.Scope, b.key.Scope), cmp.Compare(a.key.ID, b.key.ID))
+	})
+
+	scopes := make([]string, len(items))
+	ids := make([]string, len(items))
+	fps := make([][]byte, len(items))
+	tokens := make([]int64, len(items))
+	for n, it := range items {
+		scopes[n], ids[n], fps[n], tokens[n] = it.key.Scope, it.key.ID, it.key.Fingerprint, rand.Int64()
+	}
+	now := i.cfg.Clock()
+	rows, err := tx.Query(ctx, i.q.claimBatch, scopes, ids, fps, tokens, string(StateComplete),
+		(*time.Time)(nil), now, now.Add(i.cfg.Retention), i.cfg.maxAttemptsParam())
+	if err != nil {
+		return nil, translate(err)
+	}
+	tokenOf := make(map[[2]string]int64, len(items))
+	for n, it := range items {
+		tokenOf[[2]string{it.key.Scope, it.key.ID}] = tokens[n]
+	}
+	var (
+		scope, id, state string
+		attempts         int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&scope, &id, &state, &attempts}, func() error {
+		n := byKey[[2]string{scope, id}]
+		c := &Claim{Key: keys[n], Attempt: attempts, Token: tokenOf[[2]string{scope, id}], Outcome: OutcomeClaimed}
+		if State(state) == StateFailed {
+			c.Outcome = OutcomePoisoned
+		}
+		out[n] = c
+		return nil
+	})
+	if err != nil {
+		return nil, translate(err)
+	}
+
+	// Classify the keys the upsert did not take.
+	var missScopes, missIDs []string
+	for _, it := range items {
+		if out[it.first] == nil {
+			missScopes = append(missScopes, it.key.Scope)
+			missIDs = append(missIDs, it.key.ID)
+		}
+	}
+	if len(missScopes) == 0 {
+		return out, nil
+	}
+	rows, err = tx.Query(ctx, i.q.lookupBatch, missScopes, missIDs)
+	if err != nil {
+		return nil, translate(err)
+	}
+	recs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Record, error) { return scanRecord(r) })
+	if err != nil {
+		return nil, translate(err)
+	}
+	for _, rec := range recs {
+		n := byKey[[2]string{rec.Key.Scope, rec.Key.ID}]
+		out[n] = classify(keys[n], rec, now)
+	}
+	for _, it := range items {
+		if out[it.first] == nil {
+			// Deleted between the statements, or invisible to this snapshot.
+			return nil, errors.Join(ErrRetryable, errors.New("dedupe: a batch key vanished while being claimed"))
+		}
+	}
+	return out, nil
+}

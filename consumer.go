@@ -1,0 +1,255 @@
+package dedupe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// HandlerFunc processes one message inside tx, the transaction that also
+// holds the message's claim: write the effects through tx and they commit
+// together with the claim, or not at all. Return an error to roll everything
+// back so that a redelivery tries again; wrap it with Permanent when retrying
+// cannot help.
+type HandlerFunc[M any] func(ctx context.Context, tx pgx.Tx, msg M) error
+
+// ConsumerConfig configures a Consumer.
+type ConsumerConfig[M any] struct {
+	// Scope is the namespace of the keys: the consumer group, queue or
+	// endpoint. Required.
+	Scope string
+	// Key extracts the message's dedup key: an id that every redelivery of
+	// the message carries, never a per-attempt id. Required.
+	Key func(msg M) (string, error)
+	// Fingerprint optionally hashes the payload (see Key.Fingerprint); a
+	// redelivery under the same key with another fingerprint reports
+	// OutcomeConflict. Defaults to none.
+	Fingerprint func(msg M) []byte
+	// IsoLevel is the transaction's isolation level. Serialization failures
+	// are retried. Defaults to the database default (read committed).
+	IsoLevel pgx.TxIsoLevel
+	// LockTimeout, when set, bounds how long a duplicate waits for a
+	// concurrent transaction holding the same key; after it the duplicate is
+	// reported as OutcomeInFlight instead of waiting. Setting it costs one
+	// SET LOCAL statement per transaction. Defaults to 0 (wait).
+	LockTimeout time.Duration
+	// MaxAttempts is how many failed attempts a message gets before its key
+	// is marked failed. Defaults to the inbox's Config.MaxAttempts; negative
+	// means no limit.
+	MaxAttempts int
+	// TxRetries is how often a transaction aborted by a serialization failure
+	// or deadlock is run again before the error is returned. Defaults to 3.
+	TxRetries int
+}
+
+// Consumer runs a handler at most once per message key, with the claim and
+// the handler's effects in one transaction. It is safe for concurrent use.
+type Consumer[M any] struct {
+	inbox       *Inbox
+	cfg         ConsumerConfig[M]
+	handler     HandlerFunc[M]
+	txOpts      pgx.TxOptions
+	maxAttempts int
+	lockTimeout string
+}
+
+// NewConsumer returns a Consumer that runs h for each new message.
+func NewConsumer[M any](inbox *Inbox, cfg ConsumerConfig[M], h HandlerFunc[M]) (*Consumer[M], error) {
+	switch {
+	case inbox == nil:
+		return nil, &ConfigError{Field: "inbox", Reason: "must not be nil"}
+	case h == nil:
+		return nil, &ConfigError{Field: "handler", Reason: "must not be nil"}
+	case cfg.Key == nil:
+		return nil, &ConfigError{Field: "Key", Reason: "is required"}
+	case cfg.LockTimeout < 0:
+		return nil, &ConfigError{Field: "LockTimeout", Reason: "must not be negative"}
+	}
+	if err := validatePart("scope", cfg.Scope); err != nil {
+		return nil, &ConfigError{Field: "Scope", Reason: err.Error()}
+	}
+	if cfg.TxRetries == 0 {
+		cfg.TxRetries = 3
+	}
+	c := &Consumer[M]{inbox: inbox, cfg: cfg, handler: h, txOpts: pgx.TxOptions{IsoLevel: cfg.IsoLevel}}
+	switch {
+	case cfg.MaxAttempts == 0:
+		c.maxAttempts = inbox.cfg.maxAttemptsParam()
+	case cfg.MaxAttempts > 0:
+		c.maxAttempts = cfg.MaxAttempts
+	}
+	if cfg.LockTimeout > 0 {
+		c.lockTimeout = fmt.Sprintf("SET LOCAL lock_timeout = %d", max(cfg.LockTimeout.Milliseconds(), 1))
+	}
+	return c, nil
+}
+
+// Scope returns the consumer's scope.
+func (c *Consumer[M]) Scope() string { return c.cfg.Scope }
+
+// Inbox returns the consumer's inbox.
+func (c *Consumer[M]) Inbox() *Inbox { return c.inbox }
+
+// KeyOf returns the key the consumer claims for msg, validated.
+func (c *Consumer[M]) KeyOf(msg M) (Key, error) {
+	id, err := c.cfg.Key(msg)
+	if err != nil {
+		return Key{}, fmt.Errorf("dedupe: extract key: %w", err)
+	}
+	k := Key{Scope: c.cfg.Scope, ID: id}
+	if c.cfg.Fingerprint != nil {
+		k.Fingerprint = c.cfg.Fingerprint(msg)
+	}
+	return k, k.Validate()
+}
+
+// Handle processes msg exactly once per key: it begins a transaction, claims
+// the key, runs the handler only for a new claim, and commits claim and
+// effects together. The handler finds its *Claim with ClaimFromContext.
+//
+// It returns nil error with OutcomeClaimed (processed now) or
+// OutcomeDuplicate (processed before; the handler did not run). Otherwise the
+// error says why, and the outcome tells the transport what to do:
+//
+//   - OutcomeRetry, *HandlerError: the handler failed or panicked (a
+//     *PanicError); everything rolled back; redeliver later.
+//   - OutcomePoisoned, ErrPoisoned: the attempts are used up or the error was
+//     Permanent; the key is marked failed; stop redelivering.
+//   - OutcomeInFlight, ErrInFlight: a concurrent attempt holds the key;
+//     redeliver later.
+//   - OutcomeConflict, ErrConflict: the key was used with another payload.
+//   - 0, any other error: the key was invalid or the database failed; nothing
+//     committed.
+func (c *Consumer[M]) Handle(ctx context.Context, msg M) (Outcome, error) {
+	key, err := c.KeyOf(msg)
+	if err != nil {
+		return 0, err
+	}
+	for try := 0; ; try++ {
+		outcome, err := c.attempt(ctx, key, msg)
+		if errors.Is(err, ErrRetryable) && try < c.cfg.TxRetries && ctx.Err() == nil {
+			continue
+		}
+		return outcome, err
+	}
+}
+
+// attempt runs one transaction of Handle.
+func (c *Consumer[M]) attempt(ctx context.Context, key Key, msg M) (Outcome, error) {
+	tx, err := c.inbox.db.BeginTx(ctx, c.txOpts)
+	if err != nil {
+		return 0, translate(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+
+	if c.lockTimeout != "" {
+		if _, err := tx.Exec(ctx, c.lockTimeout); err != nil {
+			return 0, translate(err)
+		}
+	}
+	claim, err := c.inbox.claim(ctx, tx, key, StateComplete, c.maxAttempts)
+	if err != nil {
+		if errors.Is(err, ErrInFlight) {
+			return OutcomeInFlight, err
+		}
+		return 0, err
+	}
+	switch claim.Outcome {
+	case OutcomeClaimed:
+	case OutcomePoisoned:
+		// The claim itself may have just marked the key failed; keep that.
+		if err := tx.Commit(ctx); err != nil {
+			return 0, translate(err)
+		}
+		return OutcomePoisoned, fmt.Errorf("%w: %s", ErrPoisoned, key)
+	case OutcomeDuplicate:
+		c.inbox.cfg.Logger.DebugContext(ctx, "dedupe: duplicate skipped", "scope", key.Scope, "key", key.ID)
+		return OutcomeDuplicate, nil
+	default:
+		return claim.Outcome, fmt.Errorf("%w: %s", claim.Outcome.Err(), key)
+	}
+
+	if herr := c.run(ContextWithClaim(ctx, claim), tx, msg); herr != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		if terr := translate(herr); errors.Is(terr, ErrRetryable) {
+			// The handler's own statements hit a serialization failure or a
+			// deadlock: run the transaction again without counting an attempt.
+			return 0, terr
+		}
+		return c.failed(ctx, claim, herr)
+	}
+	if p := claim.pending; p != nil {
+		headers, err := headersJSON(p.Headers)
+		if err != nil {
+			return 0, fmt.Errorf("dedupe: encode result headers: %w", err)
+		}
+		if _, err := tx.Exec(ctx, c.inbox.q.storeResult, key.Scope, key.ID, p.Status, headers, p.Body); err != nil {
+			return 0, translate(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, translate(err)
+	}
+	return OutcomeClaimed, nil
+}
+
+// run calls the handler, turning a panic into a *PanicError.
+func (c *Consumer[M]) run(ctx context.Context, tx pgx.Tx, msg M) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return c.handler(ctx, tx, msg)
+}
+
+// failed records a failed attempt after its transaction rolled back.
+func (c *Consumer[M]) failed(ctx context.Context, claim *Claim, herr error) (Outcome, error) {
+	key := claim.Key
+	if ctx.Err() != nil {
+		// Cancelled (shutdown): not the message's fault, not an attempt.
+		return OutcomeRetry, &HandlerError{Key: key, Attempt: claim.Attempt, Err: herr}
+	}
+	now := c.inbox.cfg.Clock()
+	var (
+		state    string
+		attempts int
+	)
+	err := c.inbox.db.QueryRow(ctx, c.inbox.q.recordFailure, key.Scope, key.ID, key.Fingerprint, now,
+		now.Add(c.inbox.cfg.Retention), c.maxAttempts, IsPermanent(herr), herr.Error()).Scan(&state, &attempts)
+	if err != nil && !isNoRows(err) {
+		c.inbox.cfg.Logger.ErrorContext(ctx, "dedupe: record failed attempt", "scope", key.Scope, "key", key.ID, "err", err)
+		return OutcomeRetry, &HandlerError{Key: key, Attempt: claim.Attempt, Err: errors.Join(herr, translate(err))}
+	}
+	if err == nil {
+		claim.Attempt = attempts
+	}
+	he := &HandlerError{Key: key, Attempt: claim.Attempt, Err: herr, Poisoned: State(state) == StateFailed}
+	if he.Poisoned {
+		c.inbox.cfg.Logger.ErrorContext(ctx, "dedupe: key marked failed", "scope", key.Scope, "key", key.ID,
+			"attempts", claim.Attempt, "err", herr)
+		return OutcomePoisoned, he
+	}
+	c.inbox.cfg.Logger.WarnContext(ctx, "dedupe: handler failed", "scope", key.Scope, "key", key.ID,
+		"attempt", claim.Attempt, "err", herr)
+	return OutcomeRetry, he
+}
+
+type claimCtxKey struct{}
+
+// ContextWithClaim returns ctx carrying c; Consumer.Handle does this for its
+// handler, and adapters that run handlers themselves may too.
+func ContextWithClaim(ctx context.Context, c *Claim) context.Context {
+	return context.WithValue(ctx, claimCtxKey{}, c)
+}
+
+// ClaimFromContext returns the claim of the message being handled, or nil
+// outside a handler. Use it for Claim.DerivedKey and Claim.SetResult.
+func ClaimFromContext(ctx context.Context) *Claim {
+	c, _ := ctx.Value(claimCtxKey{}).(*Claim)
+	return c
+}

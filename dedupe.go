@@ -1,0 +1,428 @@
+// Package dedupe gives at-least-once consumers exactly-once effects.
+//
+// Every consumer of a queue, a webhook or an API receives the same message
+// twice sooner or later. dedupe claims the message's key in a PostgreSQL
+// inbox table inside the same transaction as the consumer's own writes, so
+// the claim and the effects commit together or not at all; a duplicate finds
+// the committed claim and is skipped.
+//
+// There are two modes:
+//
+//   - Transactional (the default, used by Consumer and Inbox.Claim): the
+//     claim row is written in the handler's transaction. A concurrent
+//     duplicate waits on the unique index and then sees either the committed
+//     claim (a duplicate) or, if the first attempt rolled back, claims the key
+//     itself.
+//   - Leased (Inbox.Begin, Complete, Fail): for work whose side effects cannot
+//     share the transaction. The claim commits as in flight with a lease; a
+//     lease that expires lets a retry take over, and the old holder's late
+//     completion is refused by a fencing token.
+//
+// A key has three states: absent, in flight and complete, plus failed for a
+// poison key whose attempts are used up. Keys are scoped: uniqueness is on
+// (scope, key).
+package dedupe
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DB is what an Inbox needs from PostgreSQL. *pgxpool.Pool satisfies it (and
+// so does a *pgx.Conn, though it cannot serve concurrent calls).
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Querier is a connection, pool or transaction that runs statements; the
+// inbox uses it where the caller decides which transaction a write joins.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Defaults of Config.
+const (
+	DefaultTable          = "dedupe_inbox"
+	DefaultLease          = 30 * time.Second
+	DefaultRetention      = 7 * 24 * time.Hour
+	DefaultMaxAttempts    = 10
+	DefaultPurgeBatchSize = 1000
+)
+
+// Config configures an Inbox. The zero value is usable: every field has a
+// default.
+type Config struct {
+	// Schema holds the inbox table. Defaults to "" (the connection's
+	// search_path).
+	Schema string
+	// Table is the inbox table's name. Defaults to "dedupe_inbox".
+	Table string
+	// Lease is how long a leased claim (Begin) is held before another attempt
+	// may take it over. Defaults to 30s.
+	Lease time.Duration
+	// Retention is how long a key is kept after its last write before Purge
+	// may delete it. It must outlive the longest redelivery delay of the
+	// transport, or a late duplicate is processed again. Defaults to 7 days.
+	Retention time.Duration
+	// MaxAttempts is how many failed attempts a key gets before it is marked
+	// failed (poison) and no longer retried. Defaults to 10; a negative value
+	// means no limit.
+	MaxAttempts int
+	// PurgeBatchSize bounds the rows deleted per statement by Purge.
+	// Defaults to 1000.
+	PurgeBatchSize int
+	// Clock returns the current time; tests set it to move leases and
+	// expiries without sleeping. All processes sharing an inbox should agree
+	// on the time within a small fraction of Lease. Defaults to time.Now.
+	Clock func() time.Time
+	// Logger receives the inbox's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// withDefaults returns a copy of c with every zero field defaulted, or a
+// *ConfigError.
+func (c *Config) withDefaults() (Config, error) {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	if out.Table == "" {
+		out.Table = DefaultTable
+	}
+	if out.Lease == 0 {
+		out.Lease = DefaultLease
+	}
+	if out.Retention == 0 {
+		out.Retention = DefaultRetention
+	}
+	if out.MaxAttempts == 0 {
+		out.MaxAttempts = DefaultMaxAttempts
+	}
+	if out.PurgeBatchSize == 0 {
+		out.PurgeBatchSize = DefaultPurgeBatchSize
+	}
+	if out.Clock == nil {
+		out.Clock = time.Now
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	switch {
+	case out.Lease < 0:
+		return out, &ConfigError{Field: "Lease", Reason: "must be positive"}
+	case out.Retention < 0:
+		return out, &ConfigError{Field: "Retention", Reason: "must be positive"}
+	case out.Retention < out.Lease:
+		return out, &ConfigError{Field: "Retention", Reason: "must be at least Lease"}
+	case out.PurgeBatchSize < 0:
+		return out, &ConfigError{Field: "PurgeBatchSize", Reason: "must be positive"}
+	case len(out.Table) > 55:
+		return out, &ConfigError{Field: "Table", Reason: "must be at most 55 bytes (PostgreSQL truncates longer names)"}
+	}
+	return out, nil
+}
+
+// maxAttemptsParam is MaxAttempts as the SQL parameter (0 = no limit).
+func (c *Config) maxAttemptsParam() int {
+	if c.MaxAttempts < 0 {
+		return 0
+	}
+	return c.MaxAttempts
+}
+
+// qualifiedTable returns the quoted, optionally schema-qualified table.
+func (c *Config) qualifiedTable(name string) string {
+	if c.Schema == "" {
+		return pgx.Identifier{name}.Sanitize()
+	}
+	return pgx.Identifier{c.Schema, name}.Sanitize()
+}
+
+// Inbox claims keys in one inbox table. It is safe for concurrent use; build
+// one per configuration and share it.
+type Inbox struct {
+	db  DB
+	cfg Config
+	q   queries
+}
+
+// New returns an Inbox over db. cfg may be nil for the defaults. New does not
+// touch the database; call Migrate once before use.
+func New(db DB, cfg *Config) (*Inbox, error) {
+	if db == nil {
+		return nil, &ConfigError{Field: "db", Reason: "must not be nil"}
+	}
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Inbox{db: db, cfg: c, q: newQueries(c.qualifiedTable(c.Table))}, nil
+}
+
+// Config returns the inbox's configuration with defaults filled in.
+func (i *Inbox) Config() Config { return i.cfg }
+
+// DB returns the database the inbox was built over.
+func (i *Inbox) DB() DB { return i.db }
+
+// Outcome is what a claim or a handled message came to.
+type Outcome int
+
+// Outcomes.
+const (
+	// OutcomeClaimed: the key was absent (or its previous attempt failed or
+	// its lease expired) and is now held by this attempt. For Consumer.Handle:
+	// the handler ran and its effects committed.
+	OutcomeClaimed Outcome = iota + 1
+	// OutcomeDuplicate: the key is complete; Claim.Result holds the stored
+	// result. Nothing ran.
+	OutcomeDuplicate
+	// OutcomeInFlight: another attempt holds the key right now. Retry later.
+	OutcomeInFlight
+	// OutcomeConflict: the key is known with a different fingerprint.
+	OutcomeConflict
+	// OutcomePoisoned: the key is marked failed and is no longer retried.
+	OutcomePoisoned
+	// OutcomeRetry: Consumer.Handle only: the handler failed, everything was
+	// rolled back, and a redelivery will try again.
+	OutcomeRetry
+)
+
+var outcomeNames = [...]string{"", "claimed", "duplicate", "in_flight", "conflict", "poisoned", "retry"}
+
+// String returns the outcome's lower-case name.
+func (o Outcome) String() string {
+	if o > 0 && int(o) < len(outcomeNames) {
+		return outcomeNames[o]
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// Err returns the sentinel error matching a refusing outcome (ErrInFlight,
+// ErrConflict, ErrPoisoned) and nil for the others.
+func (o Outcome) Err() error {
+	switch o {
+	case OutcomeInFlight:
+		return ErrInFlight
+	case OutcomeConflict:
+		return ErrConflict
+	case OutcomePoisoned:
+		return ErrPoisoned
+	}
+	return nil
+}
+
+// State is a stored key's state.
+type State string
+
+// States of a stored key. An absent key has no row.
+const (
+	StateInFlight State = "in_flight"
+	StateComplete State = "complete"
+	StateFailed   State = "failed"
+)
+
+// Result is what a completed key stores and a duplicate gets back: for HTTP
+// a response, for a consumer whatever the handler chose to record.
+type Result struct {
+	Status  int
+	Headers map[string][]string
+	Body    []byte
+}
+
+// Claim is the outcome of claiming a key.
+type Claim struct {
+	Key     Key
+	Outcome Outcome
+	// Token is the fencing token of this attempt's hold on the key. Complete,
+	// Fail and Extend present it; they are refused once another attempt has
+	// taken the key over.
+	Token int64
+	// Attempt is the attempt number, starting at 1.
+	Attempt int
+	// LockedUntil is the end of the lease (leased mode, or the holder's lease
+	// for OutcomeInFlight).
+	LockedUntil time.Time
+	// Result is the stored result of a duplicate.
+	Result *Result
+
+	pending *Result // set by SetResult inside a Consumer handler
+}
+
+// DerivedKey returns a stable key for one downstream step of this claim (see
+// DeriveKey): send it as the Idempotency-Key of an external call so that a
+// retry of the whole handler reuses it.
+func (c *Claim) DerivedKey(step string) string { return DeriveKey(c.Key, step) }
+
+// SetResult records r to be stored with the key when the Consumer's
+// transaction commits, so that duplicates get it back. It costs one more
+// statement in the transaction; without it nothing extra runs.
+func (c *Claim) SetResult(r Result) { c.pending = &r }
+
+// Record is a stored key as operators see it.
+type Record struct {
+	Key         Key
+	State       State
+	Attempts    int
+	Token       int64
+	LockedUntil *time.Time
+	Result      *Result
+	LastError   string
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	ExpiresAt   time.Time
+}
+
+func scanRecord(row pgx.Row) (*Record, error) {
+	var (
+		r       Record
+		state   string
+		status  *int32
+		headers []byte
+		body    []byte
+		lastErr *string
+	)
+	if err := row.Scan(&r.Key.Scope, &r.Key.ID, &state, &r.Key.Fingerprint, &r.Attempts, &r.Token,
+		&r.LockedUntil, &status, &headers, &body, &lastErr, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt); err != nil {
+		return nil, err
+	}
+	r.State = State(state)
+	if lastErr != nil {
+		r.LastError = *lastErr
+	}
+	if status != nil || body != nil || headers != nil {
+		res := &Result{Body: body}
+		if status != nil {
+			res.Status = int(*status)
+		}
+		if headers != nil {
+			if err := json.Unmarshal(headers, &res.Headers); err != nil {
+				return nil, fmt.Errorf("dedupe: decode stored headers: %w", err)
+			}
+		}
+		r.Result = res
+	}
+	return &r, nil
+}
+
+// Lookup returns the stored row of key, or ErrNotFound.
+func (i *Inbox) Lookup(ctx context.Context, key Key) (*Record, error) {
+	if err := key.Validate(); err != nil {
+		return nil, err
+	}
+	return i.lookup(ctx, i.db, key)
+}
+
+func (i *Inbox) lookup(ctx context.Context, q Querier, key Key) (*Record, error) {
+	rec, err := scanRecord(q.QueryRow(ctx, i.q.lookup, key.Scope, key.ID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	return rec, translate(err)
+}
+
+// Claim claims key inside the caller's transaction tx with one statement, the
+// transactional mode: the claim commits or rolls back with tx. The caller
+// runs its effects only for OutcomeClaimed; for every other outcome it should
+// roll back (or commit nothing of its own).
+//
+// A concurrent transaction holding the same new key makes Claim wait until it
+// ends. On OutcomeDuplicate, Claim.Result holds the stored result.
+func (i *Inbox) Claim(ctx context.Context, tx pgx.Tx, key Key) (*Claim, error) {
+	if err := key.Validate(); err != nil {
+		return nil, err
+	}
+	return i.claim(ctx, tx, key, StateComplete, i.cfg.maxAttemptsParam())
+}
+
+// claim runs the claim upsert with state (complete for transactional, in
+// flight for leased) and classifies an existing row when it was not taken.
+func (i *Inbox) claim(ctx context.Context, q Querier, key Key, state State, maxAttempts int) (*Claim, error) {
+	now := i.cfg.Clock()
+	token := rand.Int64()
+	var lockedUntil *time.Time
+	if state == StateInFlight {
+		t := now.Add(i.cfg.Lease)
+		lockedUntil = &t
+	}
+	expires := now.Add(i.cfg.Retention)
+	for range 3 {
+		var (
+			got      string
+			attempts int
+		)
+		err := q.QueryRow(ctx, i.q.claim, key.Scope, key.ID, string(state), key.Fingerprint, token,
+			lockedUntil, now, expires, maxAttempts).Scan(&got, &attempts)
+		if err == nil {
+			c := &Claim{Key: key, Token: token, Attempt: attempts}
+			if State(got) == StateFailed {
+				c.Outcome = OutcomePoisoned
+				return c, nil
+			}
+			c.Outcome = OutcomeClaimed
+			if lockedUntil != nil {
+				c.LockedUntil = *lockedUntil
+			}
+			return c, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return nil, translate(err)
+		}
+		rec, err := i.lookup(ctx, q, key)
+		if errors.Is(err, ErrNotFound) {
+			// Released or purged between the two statements (or invisible to
+			// a repeatable-read snapshot): claim again.
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return classify(key, rec, now), nil
+	}
+	return nil, fmt.Errorf("%w: key %s vanished while being claimed", ErrRetryable, key)
+}
+
+// classify turns an existing row that the claim did not take into an outcome.
+func classify(key Key, rec *Record, now time.Time) *Claim {
+	c := &Claim{Key: key, Attempt: rec.Attempts}
+	if rec.LockedUntil != nil {
+		c.LockedUntil = *rec.LockedUntil
+	}
+	switch {
+	case len(key.Fingerprint) > 0 && len(rec.Key.Fingerprint) > 0 && string(key.Fingerprint) != string(rec.Key.Fingerprint):
+		c.Outcome = OutcomeConflict
+	case rec.State == StateComplete:
+		c.Outcome = OutcomeDuplicate
+		c.Result = rec.Result
+		if c.Result == nil {
+			c.Result = &Result{}
+		}
+	case rec.State == StateFailed:
+		c.Outcome = OutcomePoisoned
+	default:
+		c.Outcome = OutcomeInFlight
+	}
+	return c
+}
+
+// headersJSON encodes result headers for the jsonb column.
+func headersJSON(h map[string][]string) ([]byte, error) {
+	if h == nil {
+		return nil, nil
+	}
+	return json.Marshal(h)
+}

@@ -1,0 +1,196 @@
+package dedupe_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
+)
+
+func TestClaimCommitsAndRollsBackWithCallerTx(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	key := dedupe.Key{Scope: "payments", ID: "evt_1"}
+
+	// Rolled back: the claim goes with it.
+	tx, err := b.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := b.inbox.Claim(ctx, tx, key); err != nil || c.Outcome != dedupe.OutcomeClaimed {
+		t.Fatalf("claim = %+v, %v", c, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.inbox.Lookup(ctx, key); !errors.Is(err, dedupe.ErrNotFound) {
+		t.Fatalf("after rollback: %v, want ErrNotFound", err)
+	}
+
+	// Committed: later claims are duplicates.
+	err = pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		c, err := b.inbox.Claim(ctx, tx, key)
+		if err != nil || c.Outcome != dedupe.OutcomeClaimed {
+			return fmt.Errorf("claim = %+v, %v", c, err)
+		}
+		_, err = tx.Exec(ctx, "INSERT INTO effects (msg_key) VALUES ($1)", key.ID)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		c, err := b.inbox.Claim(ctx, tx, key)
+		if err != nil || c.Outcome != dedupe.OutcomeDuplicate || c.Result == nil {
+			return fmt.Errorf("second claim = %+v, %v; want duplicate", c, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := b.effects(t, key.ID); got != 1 {
+		t.Fatalf("effects = %d, want 1", got)
+	}
+}
+
+func TestClaimScopesAreIndependent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	for _, scope := range []string{"tenant-a", "tenant-b"} {
+		err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+			c, err := b.inbox.Claim(ctx, tx, dedupe.Key{Scope: scope, ID: "same-key"})
+			if err != nil || c.Outcome != dedupe.OutcomeClaimed {
+				return fmt.Errorf("scope %s: %+v, %v", scope, c, err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestClaimBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	k := func(id string) dedupe.Key { return dedupe.Key{Scope: "topic", ID: id} }
+
+	// Pre-existing: "b" complete, "c" failed-attempt (retryable), "d" poisoned.
+	if err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		_, err := b.inbox.ClaimBatch(ctx, tx, []dedupe.Key{k("b")})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := b.inbox.Begin(ctx, k("c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.inbox.Fail(ctx, c, errors.New("transient")); err != nil {
+		t.Fatal(err)
+	}
+	d, err := b.inbox.Begin(ctx, k("d"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.inbox.Fail(ctx, d, dedupe.Permanent(errors.New("bad"))); err != nil {
+		t.Fatal(err)
+	}
+
+	keys := []dedupe.Key{k("z"), k("b"), k("a"), k("c"), k("a"), k("d")}
+	var claims []*dedupe.Claim
+	if err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		claims, err = b.inbox.ClaimBatch(ctx, tx, keys)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := []dedupe.Outcome{dedupe.OutcomeClaimed, dedupe.OutcomeDuplicate, dedupe.OutcomeClaimed,
+		dedupe.OutcomeClaimed, dedupe.OutcomeDuplicate, dedupe.OutcomePoisoned}
+	for n, c := range claims {
+		if c.Outcome != want[n] || c.Key.ID != keys[n].ID {
+			t.Errorf("claims[%d] = %s %v, want %s %v", n, c.Key.ID, c.Outcome, keys[n].ID, want[n])
+		}
+	}
+	if claims[3].Attempt != 2 {
+		t.Errorf("retaken key attempt = %d, want 2", claims[3].Attempt)
+	}
+}
+
+func TestClaimBatchConcurrentOverlapOneClaimEach(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const batches, size = 8, 50
+	claimed := make([]int, batches)
+	together(batches, func(w int) {
+		keys := make([]dedupe.Key, size)
+		for n := range keys {
+			keys[n] = dedupe.Key{Scope: "topic", ID: fmt.Sprintf("m-%d", (n*7+w*13)%size)}
+		}
+		err := pgx.BeginFunc(context.Background(), b.db.Pool, func(tx pgx.Tx) error {
+			claims, err := b.inbox.ClaimBatch(context.Background(), tx, keys)
+			if err != nil {
+				return err
+			}
+			for _, c := range claims {
+				if c.Outcome == dedupe.OutcomeClaimed {
+					claimed[w]++
+					if _, err := tx.Exec(context.Background(), "INSERT INTO effects (msg_key) VALUES ($1)", c.Key.ID); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Errorf("batch %d: %v", w, err)
+		}
+	})
+	total := 0
+	for _, n := range claimed {
+		total += n
+	}
+	if total != size || b.db.Count(t, "SELECT count(*) FROM effects") != size {
+		t.Fatalf("claimed %d, effects %d; want %d", total, b.db.Count(t, "SELECT count(*) FROM effects"), size)
+	}
+}
+
+func TestNotMigratedError(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	inbox, err := dedupe.New(db.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inbox.Begin(context.Background(), dedupe.Key{Scope: "s", ID: "k"}); !errors.Is(err, dedupe.ErrNotMigrated) {
+		t.Fatalf("begin without migration: %v, want ErrNotMigrated", err)
+	}
+}
+
+func TestNewValidatesConfig(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	for name, cfg := range map[string]dedupe.Config{
+		"negative lease":     {Lease: -1},
+		"retention < lease":  {Lease: 2 * 60e9, Retention: 60e9},
+		"negative batch":     {PurgeBatchSize: -5},
+		"table name too big": {Table: string(make([]byte, 60))},
+	} {
+		var ce *dedupe.ConfigError
+		if _, err := dedupe.New(db.Pool, &cfg); !errors.As(err, &ce) || !errors.Is(err, dedupe.ErrInvalidConfig) {
+			t.Errorf("%s: %v, want *ConfigError", name, err)
+		}
+	}
+	if _, err := dedupe.New(nil, nil); !errors.Is(err, dedupe.ErrInvalidConfig) {
+		t.Errorf("nil db: %v", err)
+	}
+}

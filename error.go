@@ -1,0 +1,171 @@
+package dedupe
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Sentinel errors. Every error the package returns for a refusal matches one
+// of them with errors.Is; the typed errors below carry the details and are
+// reachable with errors.As.
+var (
+	// ErrInvalidKey is matched by every *KeyError: an empty, too long or
+	// otherwise unusable scope or key.
+	ErrInvalidKey = errors.New("dedupe: invalid key")
+	// ErrKeyEmpty: the scope or key is the empty string.
+	ErrKeyEmpty = errors.New("dedupe: key is empty")
+	// ErrKeyTooLong: the scope or key is longer than MaxKeyLen bytes.
+	ErrKeyTooLong = errors.New("dedupe: key is too long")
+	// ErrKeyInvalidChar: the scope or key holds a control character or is
+	// not valid UTF-8.
+	ErrKeyInvalidChar = errors.New("dedupe: key holds an invalid character")
+
+	// ErrInFlight: another attempt holds the key right now (a live lease, or
+	// a concurrent transaction that did not finish within the lock timeout).
+	// Retry later; nothing was recorded against the key.
+	ErrInFlight = errors.New("dedupe: key is in flight")
+	// ErrConflict: the key was already used with a different fingerprint
+	// (payload). This is a client bug; the stored result is not returned.
+	ErrConflict = errors.New("dedupe: key reused with a different payload")
+	// ErrPoisoned: the key is marked failed (max attempts reached or a
+	// permanent error) and is no longer retried until an operator releases it.
+	ErrPoisoned = errors.New("dedupe: key is marked failed")
+	// ErrLeaseLost: a Complete, Fail or Extend was refused because the lease
+	// it names is no longer the current one (it expired and another attempt
+	// took the key over, or the key was released or purged).
+	ErrLeaseLost = errors.New("dedupe: lease lost")
+	// ErrNotFound: no row exists for the key.
+	ErrNotFound = errors.New("dedupe: key not found")
+	// ErrInvalidConfig is matched by every *ConfigError.
+	ErrInvalidConfig = errors.New("dedupe: invalid config")
+	// ErrNotMigrated: the inbox table does not exist. Run Migrate first.
+	ErrNotMigrated = errors.New("dedupe: inbox table missing (run Migrate)")
+	// ErrRetryable: the database aborted the transaction with a serialization
+	// failure or deadlock; running the whole transaction again is safe.
+	ErrRetryable = errors.New("dedupe: transaction must be retried")
+)
+
+// KeyError reports why a scope or key was refused. It matches ErrInvalidKey
+// and the specific reason (ErrKeyEmpty, ErrKeyTooLong, ErrKeyInvalidChar).
+type KeyError struct {
+	Field  string // "scope" or "key"
+	Value  string // the refused value, truncated to 64 bytes for display
+	Reason error  // ErrKeyEmpty, ErrKeyTooLong or ErrKeyInvalidChar
+}
+
+func (e *KeyError) Error() string {
+	return fmt.Sprintf("dedupe: invalid %s %q: %v", e.Field, e.Value, e.Reason)
+}
+
+// Unwrap returns ErrInvalidKey and the reason, so errors.Is matches both.
+func (e *KeyError) Unwrap() []error { return []error{ErrInvalidKey, e.Reason} }
+
+// ConfigError reports an invalid configuration field. It matches
+// ErrInvalidConfig.
+type ConfigError struct {
+	Field  string
+	Reason string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("dedupe: invalid config: %s: %s", e.Field, e.Reason)
+}
+
+// Unwrap returns ErrInvalidConfig.
+func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
+
+// HandlerError wraps the error a handler returned (or the *PanicError it
+// raised). Its claim was rolled back; Poisoned says whether this was the last
+// attempt, after which the key is marked failed and no longer retried.
+type HandlerError struct {
+	Key      Key
+	Attempt  int  // the attempt that failed, starting at 1
+	Poisoned bool // the key is now marked failed
+	Err      error
+}
+
+func (e *HandlerError) Error() string {
+	suffix := ""
+	if e.Poisoned {
+		suffix = " (key marked failed)"
+	}
+	return fmt.Sprintf("dedupe: handler failed for %s on attempt %d%s: %v", e.Key, e.Attempt, suffix, e.Err)
+}
+
+// Unwrap returns the handler's error.
+func (e *HandlerError) Unwrap() error { return e.Err }
+
+// Is reports ErrPoisoned for a handler error that exhausted its attempts.
+func (e *HandlerError) Is(target error) bool { return target == ErrPoisoned && e.Poisoned }
+
+// PanicError is the error a recovered handler panic becomes.
+type PanicError struct {
+	Value any    // the value passed to panic
+	Stack []byte // the goroutine's stack at the panic
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("dedupe: handler panicked: %v", e.Value) }
+
+// Unwrap returns the panic value when it is an error.
+func (e *PanicError) Unwrap() error {
+	if err, ok := e.Value.(error); ok {
+		return err
+	}
+	return nil
+}
+
+// PermanentError marks a handler error that retrying cannot fix (a message
+// that can never be processed). The key is marked failed at once.
+type PermanentError struct{ Err error }
+
+func (e *PermanentError) Error() string { return "dedupe: permanent: " + e.Err.Error() }
+
+// Unwrap returns the wrapped error.
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent wraps err so that the consumer marks the key failed without
+// further attempts. Permanent(nil) returns nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// IsPermanent reports whether err or any error it wraps is a *PermanentError.
+func IsPermanent(err error) bool {
+	var p *PermanentError
+	return errors.As(err, &p)
+}
+
+// PostgreSQL error codes translated at the boundary.
+const (
+	pgLockNotAvailable     = "55P03"
+	pgSerializationFailure = "40001"
+	pgDeadlockDetected     = "40P01"
+	pgUndefinedTable       = "42P01"
+	pgQueryCanceled        = "57014"
+)
+
+// translate maps pgx errors onto the package's sentinels, keeping the
+// original in the chain so *pgconn.PgError stays reachable with errors.As.
+func translate(err error) error {
+	if err == nil {
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch pgErr.Code {
+	case pgLockNotAvailable:
+		return fmt.Errorf("%w: %w", ErrInFlight, err)
+	case pgSerializationFailure, pgDeadlockDetected:
+		return fmt.Errorf("%w: %w", ErrRetryable, err)
+	case pgUndefinedTable:
+		return fmt.Errorf("%w: %w", ErrNotMigrated, err)
+	}
+	return err
+}

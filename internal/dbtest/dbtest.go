@@ -1,0 +1,242 @@
+// Package dbtest gives every test its own PostgreSQL schema on a real server.
+//
+// The server is found, in order, through DATABASE_URL, at 127.0.0.1:5432
+// (database test, trust auth), or by starting a container with
+// testcontainers where a Docker engine runs. When none answers the test fails
+// with instructions; it never passes by skipping.
+package dbtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/testcontainers/testcontainers-go"
+	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
+	"go.uber.org/goleak"
+)
+
+// LocalURL is where the tests look when DATABASE_URL is not set.
+const LocalURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+const howTo = `no PostgreSQL server for the tests. Provide one of:
+  - DATABASE_URL=postgres://user:pass@host:5432/db (any database the user may CREATE SCHEMA in)
+  - a server on 127.0.0.1:5432 with database "test" and trust auth for user postgres
+  - a running Docker engine, so that testcontainers can start postgres:16-alpine`
+
+var (
+	baseOnce sync.Once
+	baseURL  string
+	baseErr  error
+)
+
+// BaseURL returns the connection string of the server the tests use.
+func BaseURL(t testing.TB) string {
+	t.Helper()
+	baseOnce.Do(func() { baseURL, baseErr = findServer() })
+	if baseErr != nil {
+		t.Fatalf("dbtest: %v", baseErr)
+	}
+	return baseURL
+}
+
+func findServer() (string, error) {
+	var tried []string
+	if u := os.Getenv("DATABASE_URL"); u != "" {
+		if err := ping(u); err != nil {
+			return "", fmt.Errorf("DATABASE_URL does not answer: %w\n%s", err, howTo)
+		}
+		return u, nil
+	}
+	if err := ping(LocalURL); err == nil {
+		return LocalURL, nil
+	} else {
+		tried = append(tried, fmt.Sprintf("%s: %v", LocalURL, err))
+	}
+	u, err := startContainer()
+	if err == nil {
+		return u, nil
+	}
+	tried = append(tried, fmt.Sprintf("testcontainers: %v", err))
+	return "", fmt.Errorf("%s\ntried:\n  %s", howTo, strings.Join(tried, "\n  "))
+}
+
+func ping(u string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	return conn.Ping(ctx)
+}
+
+func startContainer() (u string, err error) {
+	defer func() {
+		// testcontainers panics in some setups without Docker; report it.
+		if v := recover(); v != nil {
+			err = fmt.Errorf("testcontainers: %v", v)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := tcpostgres.Run(ctx, "postgres:16-alpine",
+		tcpostgres.WithDatabase("test"), tcpostgres.WithUsername("postgres"), tcpostgres.WithPassword("postgres"),
+		tcpostgres.BasicWaitStrategies())
+	if err != nil {
+		return "", err
+	}
+	// The container lives for the test process; testcontainers' reaper
+	// removes it when the process exits.
+	_ = testcontainers.Container(c)
+	return c.ConnectionString(ctx, "sslmode=disable")
+}
+
+// DB is one test's private schema.
+type DB struct {
+	Pool   *pgxpool.Pool
+	Schema string
+	// URL connects to the schema (search_path set), for subprocesses and
+	// for pools a test builds itself.
+	URL string
+}
+
+// Options tune New.
+type Options struct {
+	MaxConns int32 // Defaults to 16.
+}
+
+// New creates a fresh schema, returns a pool whose connections use it, and
+// drops the schema when the test ends.
+func New(t testing.TB, opts ...Options) *DB {
+	t.Helper()
+	var o Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	if o.MaxConns == 0 {
+		o.MaxConns = 16
+	}
+	base := BaseURL(t)
+	ctx := context.Background()
+
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	schema := "t_" + hex.EncodeToString(b[:])
+	admin, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatalf("dbtest: connect: %v", err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		admin.Close(ctx)
+		t.Fatalf("dbtest: create schema: %v", err)
+	}
+	admin.Close(ctx)
+
+	su, err := WithSearchPath(base, schema)
+	if err != nil {
+		t.Fatalf("dbtest: %v", err)
+	}
+	cfg, err := pgxpool.ParseConfig(su)
+	if err != nil {
+		t.Fatalf("dbtest: parse url: %v", err)
+	}
+	cfg.MaxConns = o.MaxConns
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("dbtest: pool: %v", err)
+	}
+	t.Cleanup(func() {
+		pool.Close()
+		c, err := pgx.Connect(ctx, base)
+		if err != nil {
+			t.Logf("dbtest: drop schema %s: %v", schema, err)
+			return
+		}
+		defer c.Close(ctx)
+		// Connections of subprocesses may still linger; end them first.
+		_, _ = c.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE pid <> pg_backend_pid() AND query ILIKE '%'||$1||'%'`, schema)
+		if _, err := c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Logf("dbtest: drop schema %s: %v", schema, err)
+		}
+	})
+	return &DB{Pool: pool, Schema: schema, URL: su}
+}
+
+// WithSearchPath returns u with its search_path set to schema.
+func WithSearchPath(u, schema string) (string, error) {
+	parsed, err := url.Parse(u)
+	if err != nil || parsed.Scheme == "" {
+		// A key=value DSN.
+		return u + " search_path=" + schema, nil
+	}
+	q := parsed.Query()
+	q.Set("search_path", schema)
+	parsed.RawQuery = q.Encode()
+	return parsed.String(), nil
+}
+
+// BackendPIDs returns the server process ids of the connections whose
+// application_name is appName, for fault injection with Terminate.
+func (d *DB) BackendPIDs(t testing.TB, appName string) []uint32 {
+	t.Helper()
+	rows, err := d.Pool.Query(context.Background(),
+		`SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`, appName)
+	if err != nil {
+		t.Fatalf("dbtest: list backends: %v", err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[uint32])
+	if err != nil {
+		t.Fatalf("dbtest: list backends: %v", err)
+	}
+	return pids
+}
+
+// Terminate kills the server process pid with pg_terminate_backend, as a
+// crashed connection would end.
+func (d *DB) Terminate(t testing.TB, pid uint32) {
+	t.Helper()
+	var ok bool
+	if err := d.Pool.QueryRow(context.Background(), "SELECT pg_terminate_backend($1)", pid).Scan(&ok); err != nil {
+		t.Fatalf("dbtest: terminate %d: %v", pid, err)
+	}
+}
+
+// Count runs a SELECT count(*) style query returning one integer.
+func (d *DB) Count(t testing.TB, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := d.Pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("dbtest: %s: %v", sql, err)
+	}
+	return n
+}
+
+// Exec runs sql and fails the test on error.
+func (d *DB) Exec(t testing.TB, sql string, args ...any) {
+	t.Helper()
+	if _, err := d.Pool.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("dbtest: %s: %v", sql, err)
+	}
+}
+
+// VerifyTestMain runs the package's tests and then fails if goroutines
+// leaked, ignoring the long-lived ones of testcontainers and pgx.
+func VerifyTestMain(m *testing.M, opts ...goleak.Option) {
+	opts = append(opts,
+		goleak.IgnoreAnyFunction("github.com/testcontainers/testcontainers-go.(*Reaper).connect.func1"),
+		goleak.IgnoreAnyFunction("github.com/testcontainers/testcontainers-go.(*reaperSpawner).reaper.func1"),
+	)
+	goleak.VerifyTestMain(m, opts...)
+}

@@ -1,0 +1,259 @@
+package dedupe
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"text/template"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// migrationLockID is the advisory lock every dedupe migration holds, so that
+// processes starting at once apply each migration exactly once.
+const migrationLockID int64 = 0x6465_6475_7065_6d67 // "dedupemg"
+
+// Migration is one versioned step of the schema, rendered for a Config.
+type Migration struct {
+	Version int
+	Name    string
+	Up      string
+	Down    string
+}
+
+// MigrationStatus says whether a migration has been applied.
+type MigrationStatus struct {
+	Version   int
+	Name      string
+	Applied   bool
+	AppliedAt time.Time
+}
+
+// Migrator applies the embedded, numbered migrations
+// (migrations/NNN_name.up.sql and .down.sql) for one Config: its schema and
+// table names. Versions are recorded per table in dedupe_migration in the
+// same schema.
+type Migrator struct {
+	db         DB
+	cfg        Config
+	migrations []Migration
+	tracking   string
+}
+
+// NewMigrator returns a Migrator for cfg (nil for the defaults).
+func NewMigrator(db DB, cfg *Config) (*Migrator, error) {
+	if db == nil {
+		return nil, &ConfigError{Field: "db", Reason: "must not be nil"}
+	}
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	ms, err := renderMigrations(c)
+	if err != nil {
+		return nil, err
+	}
+	return &Migrator{db: db, cfg: c, migrations: ms, tracking: c.qualifiedTable("dedupe_migration")}, nil
+}
+
+// Migrate applies every pending migration for cfg (nil for the defaults). It
+// is idempotent and safe to call from many processes at once.
+func Migrate(ctx context.Context, db DB, cfg *Config) error {
+	m, err := NewMigrator(db, cfg)
+	if err != nil {
+		return err
+	}
+	_, err = m.Up(ctx)
+	return err
+}
+
+// Migrations returns the rendered migrations, oldest first.
+func (m *Migrator) Migrations() []Migration { return slices.Clone(m.migrations) }
+
+// Up applies the pending migrations in one transaction under an advisory
+// lock and returns the versions it applied.
+func (m *Migrator) Up(ctx context.Context) ([]int, error) {
+	var applied []int
+	err := m.locked(ctx, func(tx pgx.Tx, done map[int]time.Time) error {
+		for _, mig := range m.migrations {
+			if _, ok := done[mig.Version]; ok {
+				continue
+			}
+			if _, err := tx.Exec(ctx, mig.Up); err != nil {
+				return fmt.Errorf("dedupe: migration %03d_%s: %w", mig.Version, mig.Name, err)
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO "+m.tracking+" (table_name, version, name, applied_at) VALUES ($1, $2, $3, now())",
+				m.cfg.Table, mig.Version, mig.Name); err != nil {
+				return err
+			}
+			applied = append(applied, mig.Version)
+		}
+		return nil
+	})
+	return applied, err
+}
+
+// Down reverts applied migrations newer than target (0 reverts all), newest
+// first, and returns the versions it reverted.
+func (m *Migrator) Down(ctx context.Context, target int) ([]int, error) {
+	var reverted []int
+	err := m.locked(ctx, func(tx pgx.Tx, done map[int]time.Time) error {
+		for _, mig := range slices.Backward(m.migrations) {
+			if _, ok := done[mig.Version]; !ok || mig.Version <= target {
+				continue
+			}
+			if _, err := tx.Exec(ctx, mig.Down); err != nil {
+				return fmt.Errorf("dedupe: revert %03d_%s: %w", mig.Version, mig.Name, err)
+			}
+			if _, err := tx.Exec(ctx, "DELETE FROM "+m.tracking+" WHERE table_name = $1 AND version = $2",
+				m.cfg.Table, mig.Version); err != nil {
+				return err
+			}
+			reverted = append(reverted, mig.Version)
+		}
+		return nil
+	})
+	return reverted, err
+}
+
+// Status reports every known migration and whether it is applied.
+func (m *Migrator) Status(ctx context.Context) ([]MigrationStatus, error) {
+	var out []MigrationStatus
+	err := m.locked(ctx, func(_ pgx.Tx, done map[int]time.Time) error {
+		for _, mig := range m.migrations {
+			at, ok := done[mig.Version]
+			out = append(out, MigrationStatus{Version: mig.Version, Name: mig.Name, Applied: ok, AppliedAt: at})
+		}
+		return nil
+	})
+	return out, err
+}
+
+// locked runs f in a transaction holding the migration lock, with the
+// tracking table present and its applied versions read.
+func (m *Migrator) locked(ctx context.Context, f func(tx pgx.Tx, done map[int]time.Time) error) error {
+	return pgx.BeginFunc(ctx, m.db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrationLockID); err != nil {
+			return err
+		}
+		if m.cfg.Schema != "" {
+			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{m.cfg.Schema}.Sanitize()); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+m.tracking+` (
+    table_name text NOT NULL,
+    version    integer NOT NULL,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL,
+    PRIMARY KEY (table_name, version))`); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, "SELECT version, applied_at FROM "+m.tracking+" WHERE table_name = $1", m.cfg.Table)
+		if err != nil {
+			return err
+		}
+		done := map[int]time.Time{}
+		var (
+			v  int
+			at time.Time
+		)
+		if _, err := pgx.ForEachRow(rows, []any{&v, &at}, func() error { done[v] = at; return nil }); err != nil {
+			return err
+		}
+		return f(tx, done)
+	})
+}
+
+// templateData are the names a migration may refer to.
+type templateData struct {
+	Schema            string // quoted schema, or "" for search_path
+	Inbox             string // quoted, qualified inbox table
+	InboxExpiresIndex string // quoted index name (unqualified: it lives with its table)
+}
+
+func newTemplateData(c Config) templateData {
+	d := templateData{
+		Inbox:             c.qualifiedTable(c.Table),
+		InboxExpiresIndex: pgx.Identifier{c.Table + "_expires_at_idx"}.Sanitize(),
+	}
+	if c.Schema != "" {
+		d.Schema = pgx.Identifier{c.Schema}.Sanitize()
+	}
+	return d
+}
+
+// renderMigrations reads the embedded migrations and fills in c's names.
+func renderMigrations(c Config) ([]Migration, error) {
+	files, err := fs.Glob(migrationFS, "migrations/*.up.sql")
+	if err != nil {
+		return nil, err
+	}
+	data := newTemplateData(c)
+	var out []Migration
+	for _, f := range files {
+		base := strings.TrimSuffix(path.Base(f), ".up.sql")
+		num, name, ok := strings.Cut(base, "_")
+		version, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("dedupe: migration file %q is not named NNN_name.up.sql", f)
+		}
+		up, err := renderFile(f, data)
+		if err != nil {
+			return nil, err
+		}
+		down, err := renderFile(strings.TrimSuffix(f, ".up.sql")+".down.sql", data)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Migration{Version: version, Name: name, Up: up, Down: down})
+	}
+	slices.SortFunc(out, func(a, b Migration) int { return a.Version - b.Version })
+	return out, nil
+}
+
+func renderFile(name string, data templateData) (string, error) {
+	raw, err := migrationFS.ReadFile(name)
+	if err != nil {
+		return "", err
+	}
+	t, err := template.New(name).Option("missingkey=error").Parse(string(raw))
+	if err != nil {
+		return "", err
+	}
+	var buf bytes.Buffer
+	if err := t.Execute(&buf, data); err != nil {
+		return "", err
+	}
+	return buf.String(), nil
+}
+
+// PlainSQL returns the up migrations for cfg (nil for the defaults) as one
+// script, for users of goose, golang-migrate or atlas. The file
+// sql/dedupe_inbox.sql in the repository is this script for the defaults.
+func PlainSQL(cfg *Config) (string, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return "", err
+	}
+	ms, err := renderMigrations(c)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	b.WriteString("-- dedupe schema. Generated from migrations/*.up.sql by dedupe.PlainSQL; do not edit.\n")
+	for _, m := range ms {
+		fmt.Fprintf(&b, "\n-- %03d_%s\n%s", m.Version, m.Name, m.Up)
+	}
+	return b.String(), nil
+}

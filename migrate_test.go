@@ -1,0 +1,98 @@
+package dedupe_test
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
+)
+
+func TestMigrateTwiceAndConcurrently(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	errs := make([]error, 5)
+	together(5, func(i int) { errs[i] = dedupe.Migrate(ctx, db.Pool, nil) })
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent migrate %d: %v", i, err)
+		}
+	}
+	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
+		t.Fatalf("second migrate: %v", err)
+	}
+	if got := db.Count(t, "SELECT count(*) FROM dedupe_migration WHERE table_name = 'dedupe_inbox'"); got != 1 {
+		t.Fatalf("recorded migrations = %d, want 1", got)
+	}
+}
+
+func TestMigratorStatusDownAndCustomNames(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	cfg := &dedupe.Config{Schema: db.Schema + "_custom", Table: "my inbox"}
+	t.Cleanup(func() { _, _ = db.Pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+cfg.Schema+`" CASCADE`) })
+	m, err := dedupe.NewMigrator(db.Pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := m.Status(ctx)
+	if err != nil || len(st) == 0 || st[0].Applied {
+		t.Fatalf("status before = %+v, %v", st, err)
+	}
+	applied, err := m.Up(ctx)
+	if err != nil || len(applied) != len(st) {
+		t.Fatalf("up = %v, %v", applied, err)
+	}
+	st, err = m.Status(ctx)
+	if err != nil || !st[0].Applied || st[0].AppliedAt.IsZero() {
+		t.Fatalf("status after = %+v, %v", st, err)
+	}
+	inbox, err := dedupe.New(db.Pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := inbox.Begin(ctx, dedupe.Key{Scope: "s", ID: "k"}); err != nil || c.Outcome != dedupe.OutcomeClaimed {
+		t.Fatalf("begin on custom table = %+v, %v", c, err)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM "`+cfg.Schema+`"."my inbox"`); n != 1 {
+		t.Fatalf("rows in custom table = %d", n)
+	}
+	reverted, err := m.Down(ctx, 0)
+	if err != nil || len(reverted) != len(st) {
+		t.Fatalf("down = %v, %v", reverted, err)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'my inbox'`, cfg.Schema); n != 0 {
+		t.Fatal("table still there after down")
+	}
+}
+
+// TestPlainSQLFileIsCurrent keeps sql/dedupe_inbox.sql (for goose,
+// golang-migrate, atlas) equal to the embedded migrations. Regenerate it with
+// DEDUPE_WRITE_SQL=1 go test -run TestPlainSQLFileIsCurrent .
+func TestPlainSQLFileIsCurrent(t *testing.T) {
+	t.Parallel()
+	want, err := dedupe.PlainSQL(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if os.Getenv("DEDUPE_WRITE_SQL") == "1" {
+		if err := os.WriteFile("sql/dedupe_inbox.sql", []byte(want), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := os.ReadFile("sql/dedupe_inbox.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != want {
+		t.Fatalf("sql/dedupe_inbox.sql is stale; regenerate with DEDUPE_WRITE_SQL=1 go test -run TestPlainSQLFileIsCurrent .")
+	}
+	// And it applies cleanly to an empty schema.
+	db := dbtest.New(t)
+	if _, err := db.Pool.Exec(context.Background(), want); err != nil {
+		t.Fatalf("plain SQL does not apply: %v", err)
+	}
+}

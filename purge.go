@@ -1,0 +1,44 @@
+package dedupe
+
+import (
+	"context"
+	"time"
+)
+
+// Purge deletes keys whose retention ran out more than olderThan ago (pass 0
+// to delete every expired key), in batches of Config.PurgeBatchSize so that
+// no statement holds many locks or runs long. A key's expiry is its last write
+// plus Config.Retention. Keys in a live lease are never deleted. Purge walks
+// the expires_at index (no full-table scan) and skips rows that consumers
+// hold locked. It returns how many keys went; on error or cancellation it
+// returns the count so far with the error.
+//
+// Retention must outlive the longest redelivery delay of the transport: a
+// duplicate that arrives after its key was purged is processed again.
+func (i *Inbox) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
+	return i.PurgeProgress(ctx, olderThan, nil)
+}
+
+// PurgeProgress is Purge calling progress (when not nil) with the running
+// total after every batch.
+func (i *Inbox) PurgeProgress(ctx context.Context, olderThan time.Duration, progress func(deleted int64)) (int64, error) {
+	var total int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+		now := i.cfg.Clock()
+		tag, err := i.db.Exec(ctx, i.q.purge, now.Add(-olderThan), now, i.cfg.PurgeBatchSize)
+		if err != nil {
+			return total, translate(err)
+		}
+		n := tag.RowsAffected()
+		total += n
+		if progress != nil && n > 0 {
+			progress(total)
+		}
+		if n < int64(i.cfg.PurgeBatchSize) {
+			return total, nil
+		}
+	}
+}
