@@ -219,3 +219,27 @@ func TestReleaseFencesHolder(t *testing.T) {
 		t.Fatalf("release absent: %v, want ErrNotFound", err)
 	}
 }
+
+func TestStatsCountsByScopeAndState(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	c, err := b.inbox.Begin(ctx, dedupe.Key{Scope: "a", ID: "1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.inbox.Begin(ctx, dedupe.Key{Scope: "a", ID: "2"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.inbox.Complete(ctx, c, dedupe.Result{}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.inbox.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st) != 2 || st[0].State != dedupe.StateComplete || st[0].Count != 1 ||
+		st[1].State != dedupe.StateInFlight || st[1].LiveLeases != 1 || st[1].OldestInFlight.IsZero() {
+		t.Fatalf("stats = %+v", st)
+	}
+}

@@ -23,7 +23,7 @@ type bundle struct {
 // inbox on it whose clock the test controls.
 func setup(t *testing.T, cfg ...dedupe.Config) *bundle {
 	t.Helper()
-	db := dbtest.New(t, dbtest.Options{MaxConns: 24})
+	db := dbtest.New(t, dbtest.Options{MaxConns: 16})
 	clock := dbtest.NewClock(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
 	var c dedupe.Config
 	if len(cfg) > 0 {

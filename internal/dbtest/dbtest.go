@@ -113,7 +113,7 @@ type DB struct {
 
 // Options tune New.
 type Options struct {
-	MaxConns int32 // Defaults to 16.
+	MaxConns int32 // Defaults to 8.
 }
 
 // New creates a fresh schema, returns a pool whose connections use it, and
@@ -125,7 +125,7 @@ func New(t testing.TB, opts ...Options) *DB {
 		o = opts[0]
 	}
 	if o.MaxConns == 0 {
-		o.MaxConns = 16
+		o.MaxConns = 8
 	}
 	base := BaseURL(t)
 	ctx := context.Background()

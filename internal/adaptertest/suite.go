@@ -1,0 +1,251 @@
+// Package adaptertest is the one test suite every transport adapter runs, in
+// the manner of Watermill's pubsub tests: an adapter describes how to publish
+// to and consume from its transport and declares its features; the suite
+// fires duplicates, failures and load at it and counts effects exactly.
+package adaptertest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
+)
+
+// Features are the optional abilities of a transport; the suite runs the
+// tests of the declared ones only.
+type Features struct {
+	// Poison: a message whose handler keeps failing is terminated (or
+	// dead-lettered) after RunConfig.MaxAttempts and the others keep flowing.
+	Poison bool
+	// OrderedPerKey: messages published with the same OrderKey are handled
+	// in publish order (Kafka partitions).
+	OrderedPerKey bool
+}
+
+// Effect is the business work of the suite's handler: the adapter's handler
+// calls it with the message's dedup id and body inside the claim's
+// transaction.
+type Effect func(ctx context.Context, tx pgx.Tx, id string, body []byte) error
+
+// RunConfig is how the suite wants a consumer started.
+type RunConfig struct {
+	Workers     int // concurrent handlers; at least 1
+	MaxAttempts int // attempts before a message is poison; 0 for the adapter's default
+}
+
+// Instance is one test's private topic (stream, subject, endpoint).
+type Instance struct {
+	// Publish delivers one message whose dedup key is id. Publishing the same
+	// id again must reach the consumer again (a duplicate), so transports
+	// with broker-side deduplication must publish duplicates in a way that
+	// bypasses it.
+	Publish func(ctx context.Context, id string, body []byte) error
+	// Start runs a consumer on the topic with the given inbox until ctx is
+	// cancelled; the returned wait blocks until it stopped and returns its
+	// error (nil after a clean cancel).
+	Start func(ctx context.Context, inbox *dedupe.Inbox, cfg RunConfig, effect Effect) (wait func() error)
+	// Unacked reports how many delivered messages are neither acknowledged
+	// nor committed, or -1 if the transport cannot tell.
+	Unacked func(ctx context.Context) (int, error)
+}
+
+// Transport describes an adapter to the suite.
+type Transport struct {
+	Name     string
+	Features Features
+	// New prepares a fresh topic for one test; db is the test's schema.
+	New func(t *testing.T, db *dbtest.DB) Instance
+}
+
+// Run runs the suite against tr.
+func Run(t *testing.T, tr Transport) {
+	t.Run("DuplicatesOneEffect", func(t *testing.T) { t.Parallel(); testDuplicates(t, tr) })
+	t.Run("FailingHandlerRetriedOneEffect", func(t *testing.T) { t.Parallel(); testFailThenSucceed(t, tr) })
+	t.Run("LoadWithDuplicatesExactCount", func(t *testing.T) { t.Parallel(); testLoad(t, tr) })
+	if tr.Features.Poison {
+		t.Run("PoisonTerminatedOthersFlow", func(t *testing.T) { t.Parallel(); testPoison(t, tr) })
+	}
+}
+
+type env struct {
+	db    *dbtest.DB
+	inbox *dedupe.Inbox
+	inst  Instance
+}
+
+func newEnv(t *testing.T, tr Transport, cfg *dedupe.Config) *env {
+	t.Helper()
+	db := dbtest.New(t, dbtest.Options{MaxConns: 8})
+	if err := dedupe.Migrate(context.Background(), db.Pool, cfg); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	db.Exec(t, `CREATE TABLE effects (id bigserial PRIMARY KEY, msg_id text NOT NULL, body bytea)`)
+	inbox, err := dedupe.New(db.Pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{db: db, inbox: inbox, inst: tr.New(t, db)}
+}
+
+func insertEffect(ctx context.Context, tx pgx.Tx, id string, body []byte) error {
+	_, err := tx.Exec(ctx, "INSERT INTO effects (msg_id, body) VALUES ($1, $2)", id, body)
+	return err
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (e *env) start(t *testing.T, cfg RunConfig, effect Effect) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	wait := e.inst.Start(ctx, e.inbox, cfg, effect)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := wait(); err != nil {
+				t.Errorf("consumer stopped with: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func (e *env) publish(t *testing.T, id string, body []byte) {
+	t.Helper()
+	if err := e.inst.Publish(context.Background(), id, body); err != nil {
+		t.Fatalf("publish %s: %v", id, err)
+	}
+}
+
+func (e *env) assertDrained(t *testing.T) {
+	t.Helper()
+	if e.inst.Unacked == nil {
+		return
+	}
+	waitFor(t, 10*time.Second, "no unacknowledged messages", func() bool {
+		n, err := e.inst.Unacked(context.Background())
+		return err == nil && n <= 0
+	})
+}
+
+func testDuplicates(t *testing.T, tr Transport) {
+	e := newEnv(t, tr, nil)
+	for range 5 {
+		e.publish(t, "dup-1", []byte("pay 19.00"))
+	}
+	e.publish(t, "other", []byte("pay 1.00"))
+	e.start(t, RunConfig{Workers: 4}, insertEffect)
+	waitFor(t, 20*time.Second, "two effects", func() bool {
+		return e.db.Count(t, "SELECT count(*) FROM effects") >= 2
+	})
+	e.assertDrained(t)
+	if n := e.db.Count(t, "SELECT count(*) FROM effects WHERE msg_id = 'dup-1'"); n != 1 {
+		t.Fatalf("effects of dup-1 = %d, want 1", n)
+	}
+	if n := e.db.Count(t, "SELECT count(*) FROM effects"); n != 2 {
+		t.Fatalf("effects = %d, want 2", n)
+	}
+}
+
+func testFailThenSucceed(t *testing.T, tr Transport) {
+	e := newEnv(t, tr, nil)
+	var mu sync.Mutex
+	calls := 0
+	e.start(t, RunConfig{Workers: 2}, func(ctx context.Context, tx pgx.Tx, id string, body []byte) error {
+		if err := insertEffect(ctx, tx, id, body); err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if calls <= 2 {
+			return fmt.Errorf("transient failure %d", calls)
+		}
+		return nil
+	})
+	e.publish(t, "flaky", []byte("x"))
+	waitFor(t, 30*time.Second, "the third attempt to commit", func() bool {
+		return e.db.Count(t, "SELECT count(*) FROM effects") >= 1
+	})
+	e.assertDrained(t)
+	if n := e.db.Count(t, "SELECT count(*) FROM effects"); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+	if n := e.db.Count(t, "SELECT attempts FROM dedupe_inbox WHERE key = 'flaky'"); n != 3 {
+		t.Fatalf("attempts = %d, want 3", n)
+	}
+}
+
+func testLoad(t *testing.T, tr Transport) {
+	e := newEnv(t, tr, nil)
+	const total, dupRate = 1000, 0.3
+	rng := rand.New(rand.NewPCG(1, 2))
+	var ids []string
+	unique := map[string]bool{}
+	for n := 0; len(ids) < total; n++ {
+		id := fmt.Sprintf("m-%d", n)
+		if len(ids) > 0 && rng.Float64() < dupRate {
+			id = ids[rng.IntN(len(ids))]
+		}
+		ids = append(ids, id)
+		unique[id] = true
+	}
+	stop := e.start(t, RunConfig{Workers: 4}, insertEffect)
+	for _, id := range ids {
+		e.publish(t, id, []byte(id))
+	}
+	waitFor(t, 60*time.Second, fmt.Sprintf("%d effects", len(unique)), func() bool {
+		return e.db.Count(t, "SELECT count(*) FROM effects") >= len(unique)
+	})
+	e.assertDrained(t)
+	stop()
+	if n := e.db.Count(t, "SELECT count(*) FROM effects"); n != len(unique) {
+		t.Fatalf("effects = %d, want %d unique of %d delivered", n, len(unique), total)
+	}
+	if n := e.db.Count(t, "SELECT count(DISTINCT msg_id) FROM effects"); n != len(unique) {
+		t.Fatalf("distinct effects = %d, want %d", n, len(unique))
+	}
+}
+
+func testPoison(t *testing.T, tr Transport) {
+	e := newEnv(t, tr, nil)
+	e.start(t, RunConfig{Workers: 2, MaxAttempts: 3}, func(ctx context.Context, tx pgx.Tx, id string, body []byte) error {
+		if id == "poison" {
+			return fmt.Errorf("cannot decode %q", body)
+		}
+		return insertEffect(ctx, tx, id, body)
+	})
+	e.publish(t, "poison", []byte("\x00garbage"))
+	for n := range 20 {
+		e.publish(t, fmt.Sprintf("ok-%d", n), []byte("fine"))
+	}
+	waitFor(t, 30*time.Second, "20 good effects and the poison key failed", func() bool {
+		return e.db.Count(t, "SELECT count(*) FROM effects") >= 20 &&
+			e.db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE key = 'poison' AND state = 'failed'") == 1
+	})
+	e.assertDrained(t)
+	if n := e.db.Count(t, "SELECT attempts FROM dedupe_inbox WHERE key = 'poison'"); n != 3 {
+		t.Fatalf("poison attempts = %d, want 3", n)
+	}
+	if n := e.db.Count(t, "SELECT count(*) FROM effects"); n != 20 {
+		t.Fatalf("effects = %d, want 20", n)
+	}
+}
