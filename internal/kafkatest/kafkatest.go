@@ -1,0 +1,25 @@
+// Package kafkatest runs a real Kafka-protocol broker in-process for tests
+// (franz-go's kfake), so kafka-go clients talk to it over loopback.
+package kafkatest
+
+import (
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+// Cluster starts a kfake cluster with the topics seeded with partitions
+// each, and closes it when the test ends. It returns the broker addresses.
+func Cluster(t testing.TB, partitions int32, topics ...string) []string {
+	t.Helper()
+	opts := []kfake.Opt{kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(int(partitions))}
+	if len(topics) > 0 {
+		opts = append(opts, kfake.SeedTopics(partitions, topics...))
+	}
+	c, err := kfake.NewCluster(opts...)
+	if err != nil {
+		t.Fatalf("kafkatest: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return c.ListenAddrs()
+}
