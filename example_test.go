@@ -1,0 +1,157 @@
+package dedupe_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
+)
+
+// exampleDB connects to the test server (DATABASE_URL, else 127.0.0.1:5432)
+// in a fresh schema that cleanup drops.
+func exampleDB() (pool *pgxpool.Pool, cleanup func()) {
+	ctx := context.Background()
+	base := os.Getenv("DATABASE_URL")
+	if base == "" {
+		base = dbtest.LocalURL
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	schema := "ex_" + hex.EncodeToString(b[:])
+	admin, err := pgx.Connect(ctx, base)
+	if err != nil {
+		panic(err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		panic(err)
+	}
+	u, _ := dbtest.WithSearchPath(base, schema)
+	pool, err = pgxpool.New(ctx, u)
+	if err != nil {
+		panic(err)
+	}
+	return pool, func() {
+		pool.Close()
+		_, _ = admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
+		admin.Close(ctx)
+	}
+}
+
+// A consumer whose broker delivers the same message three times charges the
+// customer once: the claim and the charge commit in one transaction.
+func ExampleConsumer_Handle() {
+	ctx := context.Background()
+	pool, cleanup := exampleDB()
+	defer cleanup()
+
+	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+		panic(err)
+	}
+	_, _ = pool.Exec(ctx, `CREATE TABLE charges (order_id text, cents int)`)
+	inbox, _ := dedupe.New(pool, nil)
+
+	type OrderPlaced struct {
+		ID    string
+		Cents int
+	}
+	consumer, err := dedupe.NewConsumer(inbox, dedupe.ConsumerConfig[OrderPlaced]{
+		Scope: "billing", // the consumer group
+		Key:   func(m OrderPlaced) (string, error) { return m.ID, nil },
+	}, func(ctx context.Context, tx pgx.Tx, m OrderPlaced) error {
+		_, err := tx.Exec(ctx, `INSERT INTO charges VALUES ($1, $2)`, m.ID, m.Cents)
+		return err
+	})
+	if err != nil {
+		panic(err)
+	}
+
+	for range 3 { // a retry, a redelivery, a rebalance
+		outcome, err := consumer.Handle(ctx, OrderPlaced{ID: "ord_1", Cents: 1900})
+		fmt.Println(outcome, err)
+	}
+	var charges int
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM charges`).Scan(&charges)
+	fmt.Println("charges:", charges)
+	// Output:
+	// claimed <nil>
+	// duplicate <nil>
+	// duplicate <nil>
+	// charges: 1
+}
+
+// Claim joins a transaction the caller already has.
+func ExampleInbox_Claim() {
+	ctx := context.Background()
+	pool, cleanup := exampleDB()
+	defer cleanup()
+	_ = dedupe.Migrate(ctx, pool, nil)
+	inbox, _ := dedupe.New(pool, nil)
+
+	for range 2 {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			claim, err := inbox.Claim(ctx, tx, dedupe.Key{Scope: "stripe/payments", ID: "evt_1NG8Du2eZvKYlo2C"})
+			if err != nil {
+				return err
+			}
+			fmt.Println(claim.Outcome)
+			if claim.Outcome != dedupe.OutcomeClaimed {
+				return nil
+			}
+			// ... the event's writes through tx ...
+			return nil
+		})
+		if err != nil {
+			panic(err)
+		}
+	}
+	// Output:
+	// claimed
+	// duplicate
+}
+
+// Leased mode for work outside the database: the claim commits first, the
+// external call carries a derived Idempotency-Key, and the result is stored.
+func ExampleInbox_Begin() {
+	ctx := context.Background()
+	pool, cleanup := exampleDB()
+	defer cleanup()
+	_ = dedupe.Migrate(ctx, pool, nil)
+	inbox, _ := dedupe.New(pool, &dedupe.Config{Lease: time.Minute})
+
+	key := dedupe.Key{Scope: "airflow/billing", ID: "monthly_invoices/send/scheduled__2026-11-30"}
+	claim, err := inbox.Begin(ctx, key)
+	if err != nil {
+		panic(err)
+	}
+	switch claim.Outcome {
+	case dedupe.OutcomeClaimed:
+		downstreamKey := claim.DerivedKey("send-email") // the same on every retry
+		_ = downstreamKey                              // send as Idempotency-Key
+		if err := inbox.Complete(ctx, claim, dedupe.Result{Status: 0, Body: []byte("sent 42 invoices")}); err != nil {
+			panic(err)
+		}
+		fmt.Println("ran")
+	case dedupe.OutcomeDuplicate:
+		fmt.Println("already done:", string(claim.Result.Body))
+	}
+
+	again, _ := inbox.Begin(ctx, key)
+	fmt.Println(again.Outcome, string(again.Result.Body))
+
+	// A stale holder's completion is refused.
+	err = inbox.Complete(ctx, claim, dedupe.Result{})
+	fmt.Println(errors.Is(err, dedupe.ErrLeaseLost))
+	// Output:
+	// ran
+	// duplicate sent 42 invoices
+	// true
+}
