@@ -34,8 +34,10 @@ type ConsumerConfig[M any] struct {
 	IsoLevel pgx.TxIsoLevel
 	// LockTimeout, when set, bounds how long a duplicate waits for a
 	// concurrent transaction holding the same key; after it the duplicate is
-	// reported as OutcomeInFlight instead of waiting. Setting it costs one
-	// SET LOCAL statement per transaction. Defaults to 0 (wait).
+	// reported as OutcomeInFlight instead of waiting. It is set with
+	// SET LOCAL, so it bounds every lock wait of the transaction, the
+	// handler's included, and costs one statement per transaction.
+	// Defaults to 0 (wait).
 	LockTimeout time.Duration
 	// MaxAttempts is how many failed attempts a message gets before its key
 	// is marked failed. Defaults to the inbox's Config.MaxAttempts; negative
