@@ -135,7 +135,7 @@ func ExampleInbox_Begin() {
 	switch claim.Outcome {
 	case dedupe.OutcomeClaimed:
 		downstreamKey := claim.DerivedKey("send-email") // the same on every retry
-		_ = downstreamKey                              // send as Idempotency-Key
+		_ = downstreamKey                               // send as Idempotency-Key
 		if err := inbox.Complete(ctx, claim, dedupe.Result{Status: 0, Body: []byte("sent 42 invoices")}); err != nil {
 			panic(err)
 		}
