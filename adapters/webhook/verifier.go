@@ -1,0 +1,133 @@
+package webhook
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"encoding/json"
+	"hash"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DefaultTolerance is how far a signed timestamp may lie from the receiver's
+// clock, in either direction, before the delivery is refused as a replay.
+const DefaultTolerance = 5 * time.Minute
+
+// maxSignatures bounds how many signatures of one header are compared, so a
+// forged header cannot make the receiver do unbounded work.
+const maxSignatures = 16
+
+// Verifier authenticates one provider's deliveries. The built-in ones are
+// *StripeVerifier, *GitHubVerifier, *StandardVerifier and *HMACVerifier;
+// implement it for another provider and pass it to New.
+type Verifier interface {
+	// Provider names the sender ("stripe"); it is part of the dedup scope.
+	Provider() string
+	// Verify authenticates the raw body with the request's headers, checks
+	// any signed timestamp against now, and only then reads the event id
+	// and type. It must not do any I/O. A refusal is a *SignatureError or an
+	// *EventError.
+	Verify(header http.Header, body []byte, now time.Time) (Event, error)
+}
+
+// macOf returns the HMAC of the parts under key.
+func macOf(h func() hash.Hash, key []byte, parts ...[]byte) []byte {
+	m := hmac.New(h, key)
+	for _, p := range parts {
+		m.Write(p)
+	}
+	return m.Sum(nil)
+}
+
+// anyEqual reports whether one of got equals one of want, comparing each
+// pair in constant time.
+func anyEqual(want, got [][]byte) bool {
+	ok := false
+	for _, w := range want {
+		for _, g := range got {
+			if hmac.Equal(w, g) {
+				ok = true
+			}
+		}
+	}
+	return ok
+}
+
+// parseUnix parses a decimal Unix timestamp in seconds.
+func parseUnix(s string) (time.Time, bool) {
+	s = strings.TrimSpace(s)
+	if s == "" || len(s) > 12 || s[0] == '+' || s[0] == '-' {
+		return time.Time{}, false
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return time.Unix(n, 0), true
+}
+
+// checkTolerance refuses ts when it lies more than tolerance from now in
+// either direction. A timestamp exactly tolerance away is accepted.
+func checkTolerance(provider, header string, ts, now time.Time, tolerance time.Duration) error {
+	if tolerance <= 0 {
+		tolerance = DefaultTolerance
+	}
+	d := now.Sub(ts)
+	if d > tolerance || d < -tolerance {
+		return &SignatureError{Provider: provider, Header: header,
+			Reason: &TimestampError{Timestamp: ts, Now: now, Tolerance: tolerance}}
+	}
+	return nil
+}
+
+// jsonField returns the string (or number, verbatim) at a dotted path of
+// top-level objects in body, e.g. "id" or "data.object.id".
+func jsonField(body []byte, path string) (string, bool) {
+	raw := json.RawMessage(body)
+	for part := range strings.SplitSeq(path, ".") {
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &obj); err != nil {
+			return "", false
+		}
+		v, ok := obj[part]
+		if !ok {
+			return "", false
+		}
+		raw = v
+	}
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return "", false
+	}
+	switch raw[0] {
+	case '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return "", false
+		}
+		return s, true
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		return string(raw), true
+	}
+	return "", false
+}
+
+// idAndType reads the "id" and "type" string fields of a JSON object.
+func idAndType(body []byte) (id, typ string, err error) {
+	var v struct {
+		ID   *string `json:"id"`
+		Type *string `json:"type"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil {
+		return "", "", err
+	}
+	if v.ID != nil {
+		id = *v.ID
+	}
+	if v.Type != nil {
+		typ = *v.Type
+	}
+	return id, typ, nil
+}
