@@ -1,0 +1,36 @@
+package dedupekafka
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// ErrNoGroup is returned by New when the reader is not in a consumer group:
+// without a group there are no committed offsets to move after the database
+// commit, and no group id to default the scope to.
+var ErrNoGroup = errors.New("dedupekafka: reader has no GroupID")
+
+// ErrDeadLetter is matched by every *DeadLetterError.
+var ErrDeadLetter = errors.New("dedupekafka: dead-letter write failed")
+
+// DeadLetterError reports that a poison message could not be written to the
+// dead-letter topic; its offset is not committed until the write succeeds.
+type DeadLetterError struct {
+	Topic     string
+	Partition int
+	Offset    int64
+	Err       error
+}
+
+func (e *DeadLetterError) Error() string {
+	return fmt.Sprintf("dedupekafka: dead-letter %s/%d@%d: %v", e.Topic, e.Partition, e.Offset, e.Err)
+}
+
+// Unwrap returns ErrDeadLetter and the writer's error.
+func (e *DeadLetterError) Unwrap() []error { return []error{ErrDeadLetter, e.Err} }
+
+func deadLetterError(m kafka.Message, err error) error {
+	return &DeadLetterError{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Err: err}
+}

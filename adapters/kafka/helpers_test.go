@@ -1,0 +1,251 @@
+package dedupekafka_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/exactlyonce/dedupe"
+	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
+)
+
+// cluster starts an in-process Kafka-protocol broker (kfake) whose group
+// coordinator accepts the short session timeouts the tests use, with topic
+// seeded with partitions.
+func cluster(t testing.TB, partitions int32, topics ...string) []string {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...),
+		kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return c.ListenAddrs()
+}
+
+// newReader returns a group reader tuned for fast joins and rebalances on
+// loopback. The caller closes it.
+func newReader(brokers []string, group, topic string) *kafka.Reader {
+	return kafka.NewReader(kafka.ReaderConfig{
+		Brokers:           brokers,
+		GroupID:           group,
+		Topic:             topic,
+		StartOffset:       kafka.FirstOffset,
+		MaxWait:           50 * time.Millisecond,
+		ReadBatchTimeout:  50 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		SessionTimeout:    1500 * time.Millisecond,
+		RebalanceTimeout:  1500 * time.Millisecond,
+		JoinGroupBackoff:  100 * time.Millisecond,
+		ReadBackoffMin:    10 * time.Millisecond,
+		ReadBackoffMax:    100 * time.Millisecond,
+		QueueCapacity:     1000,
+		MaxBytes:          4 << 20,
+	})
+}
+
+// newWriter returns a synchronous writer hashing message keys onto
+// partitions; batch > 1 buffers up to that many messages per request.
+func newWriter(t testing.TB, brokers []string, topic string, batch int) *kafka.Writer {
+	w := &kafka.Writer{
+		Addr:         kafka.TCP(brokers...),
+		Topic:        topic,
+		Balancer:     &kafka.Hash{},
+		BatchSize:    batch,
+		BatchTimeout: time.Millisecond,
+		BatchBytes:   16 << 20,
+		RequiredAcks: kafka.RequireAll,
+		Transport:    &kafka.Transport{},
+	}
+	t.Cleanup(func() {
+		_ = w.Close()
+		w.Transport.(*kafka.Transport).CloseIdleConnections()
+	})
+	return w
+}
+
+// msg builds a message whose dedup key header is id and whose partition is
+// chosen by orderKey (id when empty).
+func msg(id, orderKey string, body []byte) kafka.Message {
+	if orderKey == "" {
+		orderKey = id
+	}
+	return kafka.Message{Key: []byte(orderKey), Value: body,
+		Headers: []kafka.Header{{Key: "Idempotency-Key", Value: []byte(id)}}}
+}
+
+// groupLag is the number of messages of topic past the group's committed
+// offsets, read from the broker.
+func groupLag(ctx context.Context, brokers []string, group, topic string) (int, error) {
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: tr, Timeout: 5 * time.Second}
+	meta, err := cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return 0, err
+	}
+	if len(meta.Topics) != 1 || meta.Topics[0].Error != nil {
+		return 0, fmt.Errorf("metadata of %s: %+v", topic, meta.Topics)
+	}
+	var parts []int
+	var reqs []kafka.OffsetRequest
+	for _, p := range meta.Topics[0].Partitions {
+		parts = append(parts, p.ID)
+		reqs = append(reqs, kafka.LastOffsetOf(p.ID))
+	}
+	lo, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+	if err != nil {
+		return 0, err
+	}
+	of, err := cl.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: parts}})
+	if err != nil {
+		return 0, err
+	}
+	if of.Error != nil {
+		return 0, of.Error
+	}
+	committed := map[int]int64{}
+	for _, p := range of.Topics[topic] {
+		if p.Error != nil {
+			return 0, p.Error
+		}
+		committed[p.Partition] = max(p.CommittedOffset, 0)
+	}
+	lag := 0
+	for _, p := range lo.Topics[topic] {
+		if p.Error != nil {
+			return 0, p.Error
+		}
+		lag += int(p.LastOffset - committed[p.Partition])
+	}
+	return lag, nil
+}
+
+// bundle is what setup gives a test.
+type bundle struct {
+	db      *dbtest.DB
+	inbox   *dedupe.Inbox
+	brokers []string
+	topic   string
+	group   string
+}
+
+// setup migrates a fresh schema with an effects table and starts a broker
+// with topic "orders" of partitions partitions.
+func setup(t *testing.T, partitions int32) *bundle {
+	t.Helper()
+	db := dbtest.New(t, dbtest.Options{MaxConns: 8})
+	if err := dedupe.Migrate(context.Background(), db.Pool, nil); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	db.Exec(t, `CREATE TABLE effects (id bigserial PRIMARY KEY, msg_id text NOT NULL, part int, off bigint, body bytea)`)
+	inbox, err := dedupe.New(db.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &bundle{db: db, inbox: inbox, brokers: cluster(t, partitions, "orders"), topic: "orders", group: "billing"}
+}
+
+// insertEffect is the business write of the tests' handlers.
+func insertEffect(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
+	id := dedupekafka.KeyFromHeaders(m, dedupekafka.DefaultKeyHeaders...)
+	_, err := tx.Exec(ctx, "INSERT INTO effects (msg_id, part, off, body) VALUES ($1, $2, $3, $4)", id, m.Partition, m.Offset, m.Value)
+	return err
+}
+
+func (b *bundle) produce(t testing.TB, msgs ...kafka.Message) {
+	t.Helper()
+	w := newWriter(t, b.brokers, b.topic, max(len(msgs), 1))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+}
+
+func (b *bundle) effects(t testing.TB) int {
+	t.Helper()
+	return b.db.Count(t, "SELECT count(*) FROM effects")
+}
+
+// member is one running group member.
+type member struct {
+	runner *dedupekafka.Runner
+	reader *kafka.Reader
+	cancel context.CancelFunc
+	done   chan error
+	once   atomic.Bool
+}
+
+// start runs a Runner over r (a fresh reader of the bundle's group when nil)
+// and stops it at cleanup.
+func (b *bundle) start(t *testing.T, cfg dedupekafka.Config, h dedupekafka.HandlerFunc, wrap ...func(dedupekafka.Reader) dedupekafka.Reader) *member {
+	t.Helper()
+	reader := newReader(b.brokers, b.group, b.topic)
+	var rd dedupekafka.Reader = reader
+	for _, w := range wrap {
+		rd = w(rd)
+	}
+	runner, err := dedupekafka.New(b.inbox, rd, cfg, h)
+	if err != nil {
+		_ = reader.Close()
+		t.Fatalf("new runner: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &member{runner: runner, reader: reader, cancel: cancel, done: make(chan error, 1)}
+	go func() { m.done <- runner.Run(ctx) }()
+	t.Cleanup(func() { m.stop(t) })
+	return m
+}
+
+// stop cancels the member, waits for Run and closes its reader; it returns
+// Run's error.
+func (m *member) stop(t testing.TB) error {
+	t.Helper()
+	if !m.once.CompareAndSwap(false, true) {
+		return nil
+	}
+	m.cancel()
+	var err error
+	select {
+	case err = <-m.done:
+	case <-time.After(20 * time.Second):
+		t.Errorf("runner did not stop within 20s")
+	}
+	if cerr := m.reader.Close(); cerr != nil {
+		t.Logf("close reader: %v", cerr)
+	}
+	return err
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitDrained waits until the group committed every message of the topic.
+func (b *bundle) waitDrained(t testing.TB, d time.Duration) {
+	t.Helper()
+	var last int
+	var lastErr error
+	waitFor(t, d, "the group to commit every offset", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		last, lastErr = groupLag(ctx, b.brokers, b.group, b.topic)
+		return lastErr == nil && last == 0
+	})
+}

@@ -1,0 +1,74 @@
+package dedupekafka_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/exactlyonce/dedupe"
+	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
+	"github.com/exactlyonce/dedupe/internal/adaptertest"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
+)
+
+var suiteGroups atomic.Int64
+
+// transport describes the adapter to the shared suite, in per-message mode
+// (batch 1) or batch mode.
+func transport(name string, batch int) adaptertest.Transport {
+	return adaptertest.Transport{
+		Name:     name,
+		Features: adaptertest.Features{Poison: true, OrderedPerKey: true},
+		New: func(t *testing.T, db *dbtest.DB) adaptertest.Instance {
+			const topic = "suite"
+			brokers := cluster(t, 4, topic)
+			group := "suite-" + string(rune('a'+suiteGroups.Add(1)%26))
+			w := newWriter(t, brokers, topic, 1)
+			return adaptertest.Instance{
+				Publish: func(ctx context.Context, id string, body []byte) error {
+					return w.WriteMessages(ctx, msg(id, "", body))
+				},
+				Start: func(ctx context.Context, inbox *dedupe.Inbox, rc adaptertest.RunConfig, effect adaptertest.Effect) func() error {
+					reader := newReader(brokers, group, topic)
+					r, err := dedupekafka.New(inbox, reader, dedupekafka.Config{
+						BatchSize:    batch,
+						MaxAttempts:  rc.MaxAttempts,
+						RetryBackoff: 20 * time.Millisecond,
+					}, func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
+						return effect(ctx, tx, dedupekafka.KeyFromHeaders(m, dedupekafka.DefaultKeyHeaders...), m.Value)
+					})
+					if err != nil {
+						_ = reader.Close()
+						return func() error { return err }
+					}
+					done := make(chan error, 1)
+					go func() { done <- r.Run(ctx) }()
+					return func() error {
+						err := <-done
+						if cerr := reader.Close(); err == nil {
+							err = cerr
+						}
+						return err
+					}
+				},
+				Unacked: func(ctx context.Context) (int, error) {
+					return groupLag(ctx, brokers, group, topic)
+				},
+			}
+		},
+	}
+}
+
+func TestSuitePerMessage(t *testing.T) {
+	t.Parallel()
+	adaptertest.Run(t, transport("kafka-per-message", 1))
+}
+
+func TestSuiteBatch(t *testing.T) {
+	t.Parallel()
+	adaptertest.Run(t, transport("kafka-batch", 50))
+}
