@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// faultKind is one kind of injected fault.
+type faultKind int
+
+// The faults the soak injects.
+const (
+	faultError     faultKind = iota // the handler returns an error after writing its effect
+	faultPanic                      // the handler panics after writing its effect
+	faultTerminate                  // pg_terminate_backend on one of the consumer's connections
+	faultKill                       // SIGKILL of the worker subprocess inside a transaction
+	faultRedeliver                  // the broker delivers an acknowledged message again
+	faultAbandon                    // a leased holder dies: its lease must expire and be taken over
+	faultLate                       // a leased holder outlives its lease and completes late
+	numFaults
+)
+
+var faultNames = [numFaults]string{"errors", "panics", "terminated", "killed", "redelivered", "abandoned", "late"}
+
+// errInjected is the error a faulty handler returns.
+var errInjected = errors.New("soak: injected handler failure")
+
+// faults decides at random which faults fire and counts those that did.
+type faults struct {
+	mu    sync.Mutex
+	rng   *rand.Rand
+	rates [numFaults]float64
+	count [numFaults]atomic.Int64
+}
+
+func newFaults(seed uint64, rates [numFaults]float64) *faults {
+	return &faults{rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), rates: rates}
+}
+
+// hit reports whether fault k fires now, and counts it when it does.
+func (f *faults) hit(k faultKind) bool {
+	f.mu.Lock()
+	fire := f.rates[k] > 0 && f.rng.Float64() < f.rates[k]
+	f.mu.Unlock()
+	if fire {
+		f.count[k].Add(1)
+	}
+	return fire
+}
+
+// intn returns a random int in [0, n).
+func (f *faults) intn(n int) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.rng.IntN(n)
+}
+
+// add counts a fault that fired outside hit.
+func (f *faults) add(k faultKind) { f.count[k].Add(1) }
+
+// total is the number of faults that fired.
+func (f *faults) total() int64 {
+	var n int64
+	for k := range numFaults {
+		n += f.count[k].Load()
+	}
+	return n
+}
+
+// String lists the faults that fired by kind, as key=value pairs.
+func (f *faults) String() string {
+	var parts []string
+	for k := range numFaults {
+		parts = append(parts, fmt.Sprintf("%s=%d", faultNames[k], f.count[k].Load()))
+	}
+	return strings.Join(parts, " ")
+}
+
+// terminator kills one of the consumer's server connections every interval,
+// found by their application_name, until ctx ends.
+func terminator(ctx context.Context, admin *pgxpool.Pool, appName string, every time.Duration, f *faults, log *slog.Logger) {
+	if every <= 0 {
+		return
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rows, err := admin.Query(ctx, sqlBackends, appName)
+		if err != nil {
+			continue
+		}
+		pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil || len(pids) == 0 {
+			continue
+		}
+		pid := pids[f.intn(len(pids))]
+		var ok bool
+		if err := admin.QueryRow(ctx, sqlTerminate, pid).Scan(&ok); err == nil && ok {
+			f.add(faultTerminate)
+			log.Debug("soak: terminated backend", "pid", pid, "app", appName)
+		}
+	}
+}

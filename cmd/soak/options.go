@@ -1,0 +1,103 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"time"
+)
+
+// localDSN is where the soak looks when neither -dsn nor DATABASE_URL is set.
+const localDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// options are the soak's flags.
+type options struct {
+	n          int
+	dup        float64
+	transports []string
+	workers    int
+	dsn        string
+	seed       uint64
+	rates      [numFaults]float64
+	terminate  time.Duration
+	kills      int
+	lease      time.Duration
+	redelivery time.Duration
+	timeout    time.Duration
+	keep       bool
+	verbose    bool
+}
+
+// parseOptions parses the command line; every flag has a default.
+func parseOptions(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("soak", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var transports string
+	fs.IntVar(&o.n, "n", 20000, "messages to deliver per transport, duplicates included")
+	fs.Float64Var(&o.dup, "dup", 0.2, "fraction of the inputs that repeat an earlier key (half of them close enough to run concurrently)")
+	fs.StringVar(&transports, "transports", strings.Join(defaultTransports(), ","),
+		"comma-separated transports to soak, of: "+strings.Join(knownTransports(), ", "))
+	fs.IntVar(&o.workers, "workers", 4, "concurrent in-process consumers per transport")
+	fs.StringVar(&o.dsn, "dsn", "", "PostgreSQL connection string (defaults to $DATABASE_URL, else "+localDSN+")")
+	fs.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "random seed (printed, so a failing run can be repeated)")
+	fs.Float64Var(&o.rates[faultError], "error-rate", 0.03, "probability that a handler returns an error after writing its effect")
+	fs.Float64Var(&o.rates[faultPanic], "panic-rate", 0.01, "probability that a handler panics after writing its effect")
+	fs.Float64Var(&o.rates[faultRedeliver], "redeliver-rate", 0.03, "probability that the broker delivers an acknowledged message again")
+	fs.Float64Var(&o.rates[faultKill], "kill-rate", 0.02, "probability, per transaction of the worker subprocess, that it is killed with SIGKILL inside it")
+	fs.Float64Var(&o.rates[faultAbandon], "abandon-rate", 0.01, "leased transport: probability that a holder dies after its claim (the lease must expire)")
+	fs.Float64Var(&o.rates[faultLate], "late-rate", 0.005, "leased transport: probability that a holder outlives its lease and completes late")
+	fs.DurationVar(&o.terminate, "terminate-every", 200*time.Millisecond, "interval between pg_terminate_backend of a consumer connection (0: never)")
+	fs.IntVar(&o.kills, "kills", 5, "SIGKILLs of the worker subprocess per transport at most (0: no subprocess)")
+	fs.DurationVar(&o.lease, "lease", 300*time.Millisecond, "lease of the leased transport")
+	fs.DurationVar(&o.redelivery, "redelivery", 20*time.Millisecond, "delay before a nacked message is delivered again")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "the whole soak stops after this and fails")
+	fs.BoolVar(&o.keep, "keep", false, "keep the soak's schema for inspection instead of dropping it")
+	fs.BoolVar(&o.verbose, "v", false, "log the consumers' warnings and the faults")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.dsn == "" {
+		o.dsn = os.Getenv("DATABASE_URL")
+	}
+	if o.dsn == "" {
+		o.dsn = localDSN
+	}
+	for _, t := range strings.Split(transports, ",") {
+		t = strings.TrimSpace(t)
+		if t == "" {
+			continue
+		}
+		if !slices.Contains(knownTransports(), t) {
+			return nil, fmt.Errorf("unknown transport %q (known: %s)", t, strings.Join(knownTransports(), ", "))
+		}
+		o.transports = append(o.transports, t)
+	}
+	switch {
+	case len(o.transports) == 0:
+		return nil, errors.New("no transport selected")
+	case o.n < 1:
+		return nil, errors.New("-n must be at least 1")
+	case o.dup < 0 || o.dup >= 1:
+		return nil, errors.New("-dup must be in [0, 1)")
+	case o.workers < 1:
+		return nil, errors.New("-workers must be at least 1")
+	case o.timeout <= 0:
+		return nil, errors.New("-timeout must be positive")
+	case o.lease <= 0:
+		return nil, errors.New("-lease must be positive")
+	}
+	for k, r := range o.rates {
+		if r < 0 || r > 0.5 {
+			return nil, fmt.Errorf("-%s rate must be in [0, 0.5]", faultNames[k])
+		}
+	}
+	return o, nil
+}

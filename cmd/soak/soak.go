@@ -1,0 +1,169 @@
+package main
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactlyonce/dedupe"
+)
+
+// soak is one run: a private schema and the generated inputs.
+type soak struct {
+	opts   *options
+	log    *slog.Logger
+	admin  *pgxpool.Pool // outside the consumers' application_name: faults and audits
+	schema string
+	inputs []string
+	unique map[string]bool
+	cancel context.CancelFunc
+	ctx    context.Context
+}
+
+func newSoak(parent context.Context, opts *options, stderr io.Writer) (*soak, error) {
+	level := slog.LevelError
+	if opts.verbose {
+		level = slog.LevelDebug
+	}
+	s := &soak{opts: opts, log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))}
+	s.ctx, s.cancel = context.WithTimeout(parent, opts.timeout)
+
+	var b [6]byte
+	_, _ = crand.Read(b[:])
+	s.schema = "soak_" + hex.EncodeToString(b[:])
+	admin, err := s.pool(s.ctx, s.appName("admin"), 3)
+	if err != nil {
+		s.cancel()
+		return nil, err
+	}
+	s.admin = admin
+	if _, err := admin.Exec(s.ctx, "CREATE SCHEMA "+pgx.Identifier{s.schema}.Sanitize()); err != nil {
+		s.close()
+		return nil, fmt.Errorf("create schema: %w", err)
+	}
+	if err := dedupe.Migrate(s.ctx, admin, nil); err != nil {
+		s.close()
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	if _, err := admin.Exec(s.ctx, sqlCreateEffects); err != nil {
+		s.close()
+		return nil, fmt.Errorf("create effects: %w", err)
+	}
+	s.inputs, s.unique = genInputs(opts.n, opts.dup, opts.workers, opts.seed)
+	fmt.Fprintf(stderr, "soak: seed=%d schema=%s inputs=%d unique=%d\n", opts.seed, s.schema, len(s.inputs), len(s.unique))
+	return s, nil
+}
+
+// appName is the application_name of the run's connections for one role
+// (a transport's consumers, or "admin"): the terminator finds its victims by
+// it, and it is unique per run so concurrent soaks leave each other alone.
+func (s *soak) appName(role string) string {
+	return "dsoak-" + strings.TrimPrefix(s.schema, "soak_") + "-" + role
+}
+
+// pool connects to the soak's schema with application name app.
+func (s *soak) pool(ctx context.Context, app string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := poolConfig(s.opts.dsn, s.schema, app, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if err := p.Ping(ctx); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return p, nil
+}
+
+// poolConfig parses dsn and sets the search_path and application_name.
+func poolConfig(dsn, schema, app string, maxConns int32) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse dsn: %w", err)
+	}
+	cfg.MaxConns = maxConns
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	return cfg, nil
+}
+
+func (s *soak) close() {
+	defer s.cancel()
+	if s.admin == nil {
+		return
+	}
+	defer s.admin.Close()
+	if s.opts.keep {
+		s.log.Warn("soak: kept schema", "schema", s.schema)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Connections of killed subprocesses may linger a moment.
+	_, _ = s.admin.Exec(ctx, sqlTerminateRun, s.appName("")+"%", s.appName("admin"))
+	if _, err := s.admin.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{s.schema}.Sanitize()+" CASCADE"); err != nil {
+		s.log.Error("soak: drop schema", "schema", s.schema, "err", err)
+	}
+}
+
+// genInputs returns n message ids of which about dup repeat an earlier one:
+// half of the repeats pick one of the last few ids, so that both copies are
+// in flight at the same time, the other half any earlier id.
+func genInputs(n int, dup float64, workers int, seed uint64) ([]string, map[string]bool) {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	ids := make([]string, 0, n)
+	unique := make(map[string]bool, n)
+	next := 0
+	for len(ids) < n {
+		if len(ids) > 0 && rng.Float64() < dup {
+			var id string
+			if rng.IntN(2) == 0 {
+				id = ids[len(ids)-1-rng.IntN(min(len(ids), 2*workers))]
+			} else {
+				id = ids[rng.IntN(len(ids))]
+			}
+			ids = append(ids, id)
+			continue
+		}
+		id := fmt.Sprintf("m-%06d", next)
+		next++
+		ids = append(ids, id)
+		unique[id] = true
+	}
+	return ids, unique
+}
+
+// runTransport soaks one transport and audits it.
+func (s *soak) runTransport(parent context.Context, name string) (*report, error) {
+	tr, ok := lookupTransport(name)
+	if !ok {
+		return nil, fmt.Errorf("unknown transport %q", name)
+	}
+	f := newFaults(s.opts.seed+uint64(len(name)), s.opts.rates)
+	env := &env{soak: s, name: name, scope: "soak-" + name, app: s.appName(name), faults: f}
+	start := time.Now()
+	runErr := tr.run(s.ctx, env, s.inputs)
+	elapsed := time.Since(start)
+	actx, cancel := context.WithTimeout(context.WithoutCancel(parent), 30*time.Second)
+	defer cancel()
+	rep, err := s.audit(actx, env)
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w (run: %v)", err, runErr)
+	}
+	rep.elapsed = elapsed
+	rep.faults = f
+	rep.runErr = runErr
+	return rep, runErr
+}

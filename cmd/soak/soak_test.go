@@ -1,0 +1,150 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/exactlyonce/dedupe/internal/dbtest"
+)
+
+func TestMain(m *testing.M) {
+	// The soak re-executes its own binary as the worker subprocess; in tests
+	// that binary is this test binary.
+	if os.Getenv(workerEnv) != "" {
+		os.Exit(workerMain(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	}
+	dbtest.VerifyTestMain(m)
+}
+
+// fields parses the key=value pairs of a report line.
+func fields(t *testing.T, line string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, f := range strings.Fields(line) {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			t.Fatalf("malformed field %q in %q", f, line)
+		}
+		out[k] = v
+	}
+	return out
+}
+
+func atoi(t *testing.T, m map[string]string, k string) int {
+	t.Helper()
+	n, err := strconv.Atoi(m[k])
+	if err != nil {
+		t.Fatalf("field %s=%q: %v", k, m[k], err)
+	}
+	return n
+}
+
+// soak runs the command in-process and returns its exit code and the report
+// lines by transport.
+func runSoak(t *testing.T, args ...string) (int, map[string]map[string]string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	args = append([]string{"-dsn", dbtest.BaseURL(t)}, args...)
+	code := run(context.Background(), args, &stdout, &stderr)
+	t.Logf("soak %s\n%s%s", strings.Join(args[2:], " "), stderr.String(), stdout.String())
+	lines := map[string]map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+		if l == "" {
+			continue
+		}
+		f := fields(t, l)
+		lines[f["transport"]] = f
+	}
+	return code, lines
+}
+
+var lineFormat = regexp.MustCompile(`^transport=\S+ inputs=\d+ unique=\d+ effects=\d+ missing=\d+ duplicated=\d+ faults=\d+ `)
+
+func TestSoakWithFaultsExactlyOneEffectEach(t *testing.T) {
+	t.Parallel()
+	code, lines := runSoak(t, "-n", "800", "-dup", "0.3", "-seed", "42", "-workers", "4",
+		"-transports", "handle,leased,batch",
+		"-error-rate", "0.05", "-panic-rate", "0.03", "-redeliver-rate", "0.05",
+		"-kill-rate", "0.25", "-kills", "2", "-abandon-rate", "0.04", "-late-rate", "0.03",
+		"-terminate-every", "40ms", "-lease", "150ms", "-timeout", "40s")
+	if code != exitOK {
+		t.Fatalf("exit code = %d, want 0", code)
+	}
+	// Every fault the transport can suffer must have fired at least once, or
+	// the run proved less than it claims.
+	want := map[string][]string{
+		"handle": {"errors", "panics", "terminated", "killed", "redelivered"},
+		"leased": {"errors", "terminated", "killed", "redelivered", "abandoned", "late"},
+		"batch":  {"errors", "redelivered"},
+	}
+	for tr, kinds := range want {
+		f, ok := lines[tr]
+		if !ok {
+			t.Fatalf("no report line for %s", tr)
+		}
+		if f["result"] != "ok" || atoi(t, f, "missing") != 0 || atoi(t, f, "duplicated") != 0 || atoi(t, f, "stuck") != 0 {
+			t.Errorf("%s: %v", tr, f)
+		}
+		if atoi(t, f, "effects") != atoi(t, f, "unique") || atoi(t, f, "inputs") != 800 {
+			t.Errorf("%s: effects %s, unique %s, inputs %s", tr, f["effects"], f["unique"], f["inputs"])
+		}
+		for _, k := range kinds {
+			if atoi(t, f, k) == 0 {
+				t.Errorf("%s: no %s fault fired: %v", tr, k, f)
+			}
+		}
+	}
+}
+
+// TestSoakCatchesNaiveConsumer proves the audit can fail: a consumer that
+// writes effects without claiming keys duplicates them, and the soak says so.
+func TestSoakCatchesNaiveConsumer(t *testing.T) {
+	t.Parallel()
+	code, lines := runSoak(t, "-n", "300", "-dup", "0.3", "-seed", "7", "-transports", "naive",
+		"-kills", "0", "-terminate-every", "0", "-timeout", "30s")
+	if code != exitMismatch {
+		t.Fatalf("exit code = %d, want %d", code, exitMismatch)
+	}
+	f := lines["naive"]
+	if f == nil || f["result"] != "MISMATCH" || atoi(t, f, "duplicated") == 0 || atoi(t, f, "effects") <= atoi(t, f, "unique") {
+		t.Fatalf("naive report = %v, want duplicated effects", f)
+	}
+}
+
+func TestSoakReportLineFormat(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"-dsn", dbtest.BaseURL(t), "-n", "50", "-transports", "handle",
+		"-kills", "0", "-terminate-every", "0"}, &stdout, &stderr)
+	if code != exitOK {
+		t.Fatalf("exit code = %d: %s", code, stderr.String())
+	}
+	if line := strings.TrimSpace(stdout.String()); !lineFormat.MatchString(line) {
+		t.Fatalf("report line %q does not match %v", line, lineFormat)
+	}
+}
+
+func TestSoakRefusesBadFlags(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"-transports", "carrier-pigeon"},
+		{"-n", "0"},
+		{"-dup", "1"},
+		{"-error-rate", "0.9"},
+		{"-workers", "0"},
+		{"stray"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := run(context.Background(), args, &stdout, &stderr); code != exitError {
+			t.Errorf("run %q = %d, want %d (stderr %q)", args, code, exitError, stderr.String())
+		}
+		if stdout.Len() != 0 {
+			t.Errorf("run %q printed a report: %q", args, stdout.String())
+		}
+	}
+}

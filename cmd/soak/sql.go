@@ -1,0 +1,42 @@
+package main
+
+// All SQL of the soak lives here.
+
+// sqlCreateEffects is the effects table every transport's handler writes one
+// row per processed message into, inside the claim's transaction.
+const sqlCreateEffects = `CREATE TABLE IF NOT EXISTS soak_effects (
+    id        bigserial PRIMARY KEY,
+    transport text NOT NULL,
+    msg_id    text NOT NULL
+)`
+
+// sqlInsertEffect records one effect. $1 transport, $2 message id.
+const sqlInsertEffect = `INSERT INTO soak_effects (transport, msg_id) VALUES ($1, $2)`
+
+// sqlEffectCounts returns the effects of one transport per message id.
+// $1 transport.
+const sqlEffectCounts = `SELECT msg_id, count(*) FROM soak_effects WHERE transport = $1 GROUP BY msg_id`
+
+// sqlStuck counts the keys of a scope that are not complete: after every
+// input was acknowledged each of them must be. $1 scope.
+const sqlStuck = `SELECT count(*) FROM dedupe_inbox WHERE scope = $1 AND state <> 'complete'`
+
+// sqlStuckPastLease counts in-flight keys of a scope whose lease already ran
+// out (a holder died and nobody took over). $1 scope, $2 now.
+const sqlStuckPastLease = `SELECT count(*) FROM dedupe_inbox
+WHERE scope = $1 AND state = 'in_flight' AND locked_until IS NOT NULL AND locked_until < $2`
+
+// sqlBackends lists the server processes of the consumer's connections.
+// $1 application_name.
+const sqlBackends = `SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`
+
+// sqlTerminate kills one server process. $1 pid.
+const sqlTerminate = `SELECT pg_terminate_backend($1)`
+
+// sqlTerminateRun ends the connections one run left behind. $1
+// application_name pattern of the run, $2 the admin's name to spare.
+const sqlTerminateRun = `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+WHERE application_name LIKE $1 AND application_name <> $2 AND pid <> pg_backend_pid()`
+
+// sqlInsertEffects records the effects of a batch. $1 transport, $2 ids.
+const sqlInsertEffects = `INSERT INTO soak_effects (transport, msg_id) SELECT $1, unnest($2::text[])`

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// transport is one way of delivering the inputs to a consumer.
+type transport struct {
+	name string
+	// run delivers every input at least once, with faults, until each is
+	// acknowledged or ctx ends.
+	run func(ctx context.Context, e *env, inputs []string) error
+	// proc is the processor of a transport that runs on the soak's broker
+	// (runBrokered); the worker subprocess builds it too.
+	proc processorFactory
+	// soakedByDefault: part of the default -transports list.
+	soakedByDefault bool
+}
+
+// transports are the known transports, in the order they are soaked.
+var transports = []transport{
+	{name: "handle", proc: newHandleProcessor, soakedByDefault: true},
+	{name: "leased", proc: newLeasedProcessor, soakedByDefault: true},
+	{name: "batch", run: runBatch, soakedByDefault: true},
+	// naive writes its effects without the inbox: the audit must catch it.
+	{name: "naive", proc: newNaiveProcessor},
+}
+
+func init() {
+	for i, t := range transports {
+		if t.proc != nil {
+			transports[i].run = runBrokered(t.proc)
+		}
+	}
+}
+
+func knownTransports() []string {
+	var out []string
+	for _, t := range transports {
+		out = append(out, t.name)
+	}
+	return out
+}
+
+func defaultTransports() []string {
+	var out []string
+	for _, t := range transports {
+		if t.soakedByDefault {
+			out = append(out, t.name)
+		}
+	}
+	return out
+}
+
+func lookupTransport(name string) (transport, bool) {
+	i := slices.IndexFunc(transports, func(t transport) bool { return t.name == name })
+	if i < 0 {
+		return transport{}, false
+	}
+	return transports[i], true
+}
+
+// env is what a transport's run gets.
+type env struct {
+	soak      *soak
+	name      string // the transport's name, recorded with its effects
+	scope     string // the inbox scope of its keys
+	app       string // application_name of its consumers' connections
+	faults    *faults
+	inboxless bool // the naive transport: no inbox rows to audit
+}
+
+// consumerPool connects the transport's consumers.
+func (e *env) consumerPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+	return e.soak.pool(ctx, e.app, maxConns)
+}
+
+// processor handles one delivery and says whether to acknowledge it. inTx,
+// when not nil, is called inside the effect's transaction (the worker
+// subprocess reports it so that the soak can kill it right there).
+type processor interface {
+	process(ctx context.Context, d delivery, inTx func()) (ack bool)
+}
+
+// processorFactory builds a transport's processor over a pool.
+type processorFactory func(e *env, pool *pgxpool.Pool, redeliver func(id string)) (processor, error)
+
+// runBrokered runs a transport whose broker is the soak's in-memory broker:
+// in-process workers and a worker subprocess that is killed and restarted
+// consume from it while a terminator kills their connections.
+func runBrokered(newProc processorFactory) func(ctx context.Context, e *env, inputs []string) error {
+	return func(ctx context.Context, e *env, inputs []string) error {
+		o := e.soak.opts
+		pool, err := e.consumerPool(ctx, int32(o.workers)+2)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		b := newBroker(inputs, e.faults, o.redelivery)
+		proc, err := newProc(e, pool, b.push)
+		if err != nil {
+			return err
+		}
+		if _, naive := proc.(*naiveProcessor); naive {
+			e.inboxless = true
+		}
+
+		wctx, stop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		for range o.workers {
+			wg.Go(func() {
+				for {
+					d, ok := b.next(wctx)
+					if !ok {
+						return
+					}
+					if proc.process(wctx, d, nil) {
+						b.ack(d)
+					} else {
+						b.nack(d)
+					}
+				}
+			})
+		}
+		var supErr error
+		if o.kills > 0 {
+			wg.Go(func() { supErr = supervise(wctx, e, b) })
+		}
+		wg.Go(func() { terminator(wctx, e.soak.admin, e.app, o.terminate, e.faults, e.soak.log) })
+
+		err = b.wait(ctx)
+		stop()
+		wg.Wait()
+		if err != nil {
+			return fmt.Errorf("%d deliveries not acknowledged: %w", b.left(), err)
+		}
+		return supErr
+	}
+}
+
+// errUnexpected marks outcomes that must not happen in a soak.
+var errUnexpected = errors.New("soak: unexpected outcome")
+
+// sleepCtx sleeps for d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
