@@ -20,18 +20,18 @@ type delivery struct {
 // probability redeliverRate an acknowledged message is delivered once more
 // (the broker lost the ack), as real brokers do.
 type broker struct {
-	queue         chan delivery
-	redelivery    time.Duration
-	faults        *faults
-	maxRedeliver  int
-	mu            sync.Mutex
-	seq           int64
-	outstanding   int             // deliveries not yet acknowledged
-	held          map[int64]bool  // deliveries handed out and not yet settled
-	redelivered   int             // acknowledged messages delivered again
-	done          chan struct{}   // closed when outstanding reaches zero
-	closed        bool
-	timers        sync.WaitGroup
+	queue        chan delivery
+	redelivery   time.Duration
+	faults       *faults
+	maxRedeliver int
+	mu           sync.Mutex
+	seq          int64
+	outstanding  int            // deliveries not yet acknowledged
+	held         map[int64]bool // deliveries handed out and not yet settled
+	redelivered  int            // acknowledged messages delivered again
+	done         chan struct{}  // closed when outstanding reaches zero
+	closed       bool
+	timers       sync.WaitGroup
 }
 
 func newBroker(inputs []string, f *faults, redelivery time.Duration) *broker {
