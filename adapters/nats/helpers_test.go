@@ -1,0 +1,200 @@
+package dedupenats_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+
+	"github.com/exactlyonce/dedupe"
+	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
+	"github.com/exactlyonce/dedupe/internal/natstest"
+)
+
+const (
+	streamName = "ORDERS"
+	durable    = "billing"
+	orderIDHdr = "Order-Id"
+)
+
+var consumerSeq atomic.Int64
+
+// bundle is what setup gives each test: a fresh schema with an effects table,
+// an inbox, and a private NATS server with one stream and one durable.
+type bundle struct {
+	db    *dbtest.DB
+	inbox *dedupe.Inbox
+	srv   *server.Server
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	cons  jetstream.Consumer
+}
+
+type setupOpts struct {
+	ackWait time.Duration // Defaults to 2s.
+	db      *dbtest.DB    // Defaults to a new schema.
+}
+
+func setup(t *testing.T, o setupOpts) *bundle {
+	t.Helper()
+	if o.ackWait == 0 {
+		o.ackWait = 2 * time.Second
+	}
+	b := &bundle{db: o.db}
+	if b.db == nil {
+		b.db = dbtest.New(t)
+	}
+	ctx := context.Background()
+	if err := dedupe.Migrate(ctx, b.db.Pool, nil); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	b.db.Exec(t, `CREATE TABLE IF NOT EXISTS effects (id bigserial PRIMARY KEY, msg_id text NOT NULL, body bytea)`)
+	inbox, err := dedupe.New(b.db.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.inbox = inbox
+	b.srv = natstest.Server(t)
+	b.nc = natstest.Connect(t, b.srv)
+	b.js, err = jetstream.New(b.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.js.CreateStream(ctx, jetstream.StreamConfig{Name: streamName, Subjects: []string{"orders.>"}}); err != nil {
+		t.Fatalf("create stream: %v", err)
+	}
+	b.cons, err = b.js.CreateOrUpdateConsumer(ctx, streamName, jetstream.ConsumerConfig{
+		Durable:   durable,
+		AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait:   o.ackWait,
+	})
+	if err != nil {
+		t.Fatalf("create consumer: %v", err)
+	}
+	return b
+}
+
+// conn opens another connection to the test's server and its consumer, as a
+// second process would.
+func (b *bundle) conn(t *testing.T) (*nats.Conn, jetstream.Consumer) {
+	t.Helper()
+	nc, err := nats.Connect(b.srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.Consumer(context.Background(), streamName, durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, cons
+}
+
+// publish publishes body with a fresh Nats-Msg-Id and orderID as business
+// key, so that JetStream's duplicate window does not swallow duplicates.
+func (b *bundle) publish(t *testing.T, orderID string, body string) {
+	t.Helper()
+	m := nats.NewMsg("orders.created")
+	m.Header.Set(jetstream.MsgIDHeader, nuid.Next())
+	m.Header.Set(orderIDHdr, orderID)
+	m.Data = []byte(body)
+	if _, err := b.js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatalf("publish %s: %v", orderID, err)
+	}
+}
+
+func (b *bundle) effects(t *testing.T) int {
+	t.Helper()
+	return b.db.Count(t, "SELECT count(*) FROM effects")
+}
+
+// unacked is what the durable still has to deliver or to see acknowledged.
+func (b *bundle) unacked(t *testing.T) int {
+	t.Helper()
+	ci, err := b.cons.Info(context.Background())
+	if err != nil {
+		t.Fatalf("consumer info: %v", err)
+	}
+	return ci.NumAckPending + int(ci.NumPending)
+}
+
+// insertEffect is the test handler's effect: one row per processed message.
+func insertEffect(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	_, err := tx.Exec(ctx, "INSERT INTO effects (msg_id, body) VALUES ($1, $2)",
+		dedupe.ClaimFromContext(ctx).Key.ID, msg.Data())
+	return err
+}
+
+// fastConfig is a Config for tests: business key, short delays.
+func fastConfig(c *dedupenats.Counters) *dedupenats.Config {
+	return &dedupenats.Config{
+		Key:     dedupenats.HeaderKey(orderIDHdr),
+		Backoff: func(int) time.Duration { return 20 * time.Millisecond },
+		Metrics: c,
+	}
+}
+
+// run starts r until the test ends (or the returned stop is called) and
+// checks that it stopped cleanly.
+func run(t *testing.T, r *dedupenats.Runner) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var stopped atomic.Bool
+	var result error
+	stop = func() error {
+		if stopped.Swap(true) {
+			return result
+		}
+		cancel()
+		select {
+		case result = <-done:
+		case <-time.After(20 * time.Second):
+			result = fmt.Errorf("runner did not stop within 20s")
+		}
+		return result
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("runner stopped with: %v", err)
+		}
+	})
+	return stop
+}
+
+func newRunner(t *testing.T, b *bundle, cons jetstream.Consumer, cfg *dedupenats.Config, h dedupe.HandlerFunc[jetstream.Msg]) *dedupenats.Runner {
+	t.Helper()
+	if h == nil {
+		h = insertEffect
+	}
+	r, err := dedupenats.New(b.inbox, cons, h, cfg)
+	if err != nil {
+		t.Fatalf("new runner: %v", err)
+	}
+	return r
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

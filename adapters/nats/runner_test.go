@@ -1,0 +1,463 @@
+package dedupenats_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+
+	"github.com/exactlyonce/dedupe"
+	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
+)
+
+func TestSamePublishedThreeTimesDifferentMsgIDsOneEffect(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	var c dedupenats.Counters
+	var runs atomic.Int64
+	r := newRunner(t, b, b.cons, fastConfig(&c), func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+		runs.Add(1)
+		time.Sleep(20 * time.Millisecond) // hold the claim while the copies arrive at the other workers
+		return insertEffect(ctx, tx, msg)
+	})
+	for range 3 {
+		b.publish(t, "order-42", "pay 19.00")
+	}
+	run(t, r)
+	waitFor(t, 10*time.Second, "three messages acked", func() bool {
+		return c.Processed.Load()+c.Duplicates.Load() == 3 && b.unacked(t) == 0
+	})
+	if n := b.effects(t); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+	if runs.Load() != 1 || c.Processed.Load() != 1 || c.Duplicates.Load() != 2 {
+		t.Fatalf("handler runs = %d, processed = %d, duplicates = %d; want 1, 1, 2",
+			runs.Load(), c.Processed.Load(), c.Duplicates.Load())
+	}
+}
+
+func TestDefaultKeyAndScope(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	var c dedupenats.Counters
+	r := newRunner(t, b, b.cons, &dedupenats.Config{Metrics: &c}, nil)
+	if r.Scope() != durable {
+		t.Fatalf("scope = %q, want the durable name %q", r.Scope(), durable)
+	}
+	ctx := context.Background()
+	for _, body := range []string{"a", "b"} {
+		if _, err := b.js.Publish(ctx, "orders.created", []byte(body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The same Nats-Msg-Id twice: JetStream stores it once.
+	for range 2 {
+		if _, err := b.js.Publish(ctx, "orders.created", []byte("c"), jetstream.WithMsgID("msg-c")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(t, r)
+	waitFor(t, 10*time.Second, "three effects", func() bool { return b.effects(t) == 3 && b.unacked(t) == 0 })
+	rows, err := b.db.Pool.Query(ctx, "SELECT scope || '/' || key FROM dedupe_inbox ORDER BY key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"billing/ORDERS:1", "billing/ORDERS:2", "billing/msg-c"}
+	if !slices.Equal(keys, want) {
+		t.Fatalf("inbox keys = %v, want %v", keys, want)
+	}
+}
+
+func TestFailTwiceThenSucceedOneEffect(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	var (
+		c      dedupenats.Counters
+		mu     sync.Mutex
+		calls  int
+		delays []time.Duration
+	)
+	cfg := fastConfig(nil)
+	cfg.Backoff = dedupenats.ExponentialBackoff(10*time.Millisecond, time.Second)
+	cfg.Metrics = dedupenats.Tee(&c, dedupenats.MetricsFunc(func(_ context.Context, e dedupenats.Event) {
+		if e.Kind == dedupenats.KindRetry {
+			mu.Lock()
+			delays = append(delays, e.Delay)
+			mu.Unlock()
+		}
+	}))
+	r := newRunner(t, b, b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+		if err := insertEffect(ctx, tx, msg); err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if calls <= 2 {
+			return fmt.Errorf("downstream unavailable (%d)", calls)
+		}
+		return nil
+	})
+	run(t, r)
+	b.publish(t, "flaky", "x")
+	waitFor(t, 15*time.Second, "the third attempt to commit and ack", func() bool {
+		return c.Processed.Load() == 1 && b.unacked(t) == 0
+	})
+	if n := b.effects(t); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+	if n := b.db.Count(t, "SELECT attempts FROM dedupe_inbox WHERE key = 'flaky' AND state = 'complete'"); n != 3 {
+		t.Fatalf("attempts = %d, want 3", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []time.Duration{10 * time.Millisecond, 20 * time.Millisecond}; !slices.Equal(delays, want) {
+		t.Fatalf("nak delays = %v, want %v (exponential backoff per attempt)", delays, want)
+	}
+}
+
+func TestStoppedBetweenCommitAndAckRedeliveredAsDuplicate(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{ackWait: time.Second})
+	var runs atomic.Int64
+	handler := func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+		runs.Add(1)
+		return insertEffect(ctx, tx, msg)
+	}
+
+	// The first consumer process commits, then dies before it acks: its
+	// context is cancelled and its connection closed.
+	nc1, cons1 := b.conn(t)
+	var c1 dedupenats.Counters
+	r1 := newRunner(t, b, cons1, fastConfig(&c1), handler)
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	var once sync.Once
+	dedupenats.SetBeforeAck(r1, func(jetstream.Msg) {
+		once.Do(func() {
+			cancel1()
+			nc1.Close()
+		})
+	})
+	done1 := make(chan error, 1)
+	go func() { done1 <- r1.Run(ctx1) }()
+	b.publish(t, "order-7", "ship")
+	select {
+	case err := <-done1:
+		if err != nil && !errors.Is(err, dedupenats.ErrIteratorClosed) {
+			t.Fatalf("first runner: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("first runner did not stop")
+	}
+	if n := b.effects(t); n != 1 || c1.AckFailed.Load() != 1 {
+		t.Fatalf("after the crash: effects = %d, ack failures = %d; want 1 and 1", n, c1.AckFailed.Load())
+	}
+	if n := b.unacked(t); n != 1 {
+		t.Fatalf("unacked after the crash = %d, want 1", n)
+	}
+
+	// A second process gets the redelivery after AckWait and acks it as a
+	// duplicate without running the handler.
+	_, cons2 := b.conn(t)
+	var c2 dedupenats.Counters
+	run(t, newRunner(t, b, cons2, fastConfig(&c2), handler))
+	waitFor(t, 10*time.Second, "the redelivery to be acked as a duplicate", func() bool {
+		return c2.Duplicates.Load() == 1 && b.unacked(t) == 0
+	})
+	if n := b.effects(t); n != 1 || runs.Load() != 1 || c2.Processed.Load() != 0 {
+		t.Fatalf("effects = %d, handler runs = %d, processed again = %d; want 1, 1, 0", n, runs.Load(), c2.Processed.Load())
+	}
+}
+
+func TestThousandMessagesThirtyPercentDuplicatesFourWorkers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	const total, dupRate = 1000, 0.3
+	rng := rand.New(rand.NewPCG(7, 11))
+	var ids []string
+	unique := map[string]bool{}
+	for n := 0; len(ids) < total; n++ {
+		id := fmt.Sprintf("order-%d", n)
+		if len(ids) > 0 && rng.Float64() < dupRate {
+			id = ids[rng.IntN(len(ids))]
+		}
+		ids = append(ids, id)
+		unique[id] = true
+	}
+	var c dedupenats.Counters
+	cfg := fastConfig(&c)
+	cfg.Workers = 4
+	run(t, newRunner(t, b, b.cons, cfg, nil))
+
+	// Publish asynchronously, as a busy producer would, while consuming.
+	for _, id := range ids {
+		m := nats.NewMsg("orders.created")
+		m.Header.Set(jetstream.MsgIDHeader, nuid.Next())
+		m.Header.Set(orderIDHdr, id)
+		m.Data = []byte(id)
+		if _, err := b.js.PublishMsgAsync(m); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+	}
+	select {
+	case <-b.js.PublishAsyncComplete():
+	case <-time.After(20 * time.Second):
+		t.Fatal("publishes not acknowledged by the stream")
+	}
+	waitFor(t, 40*time.Second, "every message acked", func() bool {
+		return c.Processed.Load()+c.Duplicates.Load() == total && b.unacked(t) == 0
+	})
+	if n := b.effects(t); n != len(unique) {
+		t.Fatalf("effects = %d, want %d unique of %d", n, len(unique), total)
+	}
+	if n := b.db.Count(t, "SELECT count(DISTINCT msg_id) FROM effects"); n != len(unique) {
+		t.Fatalf("distinct effects = %d, want %d", n, len(unique))
+	}
+	if c.Processed.Load() != int64(len(unique)) || c.Duplicates.Load() != int64(total-len(unique)) {
+		t.Fatalf("processed = %d, duplicates = %d; want %d and %d",
+			c.Processed.Load(), c.Duplicates.Load(), len(unique), total-len(unique))
+	}
+	if c.Retries.Load() != 0 || c.Terminated.Load() != 0 || c.AckFailed.Load() != 0 {
+		t.Fatalf("retries = %d, terminated = %d, ack failures = %d; want none",
+			c.Retries.Load(), c.Terminated.Load(), c.AckFailed.Load())
+	}
+}
+
+func TestPoisonAndPermanentTerminatedOthersFlow(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	var (
+		c     dedupenats.Counters
+		mu    sync.Mutex
+		calls = map[string]int{}
+	)
+	cfg := fastConfig(&c)
+	cfg.MaxAttempts = 3
+	r := newRunner(t, b, b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+		id := dedupe.ClaimFromContext(ctx).Key.ID
+		mu.Lock()
+		calls[id]++
+		mu.Unlock()
+		switch id {
+		case "poison":
+			return fmt.Errorf("cannot decode %q", msg.Data())
+		case "permanent":
+			return dedupe.Permanent(errors.New("unknown customer"))
+		case "panics":
+			panic("nil map")
+		}
+		return insertEffect(ctx, tx, msg)
+	})
+	run(t, r)
+	b.publish(t, "poison", "\x00garbage")
+	b.publish(t, "permanent", "{}")
+	b.publish(t, "panics", "{}")
+	// A message without the business-key header has no key at all.
+	if _, err := b.js.Publish(context.Background(), "orders.created", []byte("no key")); err != nil {
+		t.Fatal(err)
+	}
+	for n := range 20 {
+		b.publish(t, fmt.Sprintf("ok-%d", n), "fine")
+	}
+	waitFor(t, 20*time.Second, "20 effects and 4 terminations", func() bool {
+		return b.effects(t) == 20 && c.Terminated.Load() == 4 && b.unacked(t) == 0
+	})
+	time.Sleep(200 * time.Millisecond) // ten backoffs: a terminated message must not come back
+	mu.Lock()
+	defer mu.Unlock()
+	if calls["poison"] != 3 || calls["permanent"] != 1 || calls["panics"] != 3 {
+		t.Fatalf("handler calls = %v, want poison 3, permanent 1, panics 3", calls)
+	}
+	for key, attempts := range map[string]int{"poison": 3, "permanent": 1, "panics": 3} {
+		if n := b.db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE key = $1 AND state = 'failed' AND attempts = $2 AND last_error <> ''", key, attempts); n != 1 {
+			t.Errorf("key %s not recorded as failed after %d attempts", key, attempts)
+		}
+	}
+	if n := b.effects(t); n != 20 || c.Terminated.Load() != 4 {
+		t.Fatalf("effects = %d, terminated = %d; want 20 and 4", n, c.Terminated.Load())
+	}
+}
+
+func TestHeartbeatKeepsLongHandlerFromRedelivery(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{ackWait: time.Second})
+	var c dedupenats.Counters
+	cfg := fastConfig(&c)
+	cfg.Heartbeat = 200 * time.Millisecond
+	var runs atomic.Int64
+	run(t, newRunner(t, b, b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+		runs.Add(1)
+		select { // two and a half AckWaits
+		case <-time.After(2500 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return insertEffect(ctx, tx, msg)
+	}))
+	b.publish(t, "slow", "x")
+	waitFor(t, 10*time.Second, "the slow message acked", func() bool {
+		return c.Processed.Load() == 1 && b.unacked(t) == 0
+	})
+	ci, err := b.cons.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ci.NumRedelivered != 0 || c.Duplicates.Load() != 0 || runs.Load() != 1 {
+		t.Fatalf("redelivered = %d, duplicates = %d, runs = %d; want 0, 0, 1 (InProgress must hold the message)",
+			ci.NumRedelivered, c.Duplicates.Load(), runs.Load())
+	}
+}
+
+func TestShutdownNeverAcksUncommittedWork(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	var c1 dedupenats.Counters
+	cfg := fastConfig(&c1)
+	cfg.DrainTimeout = 100 * time.Millisecond
+	started := make(chan struct{}, 8)
+	r1 := newRunner(t, b, b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+		if err := insertEffect(ctx, tx, msg); err != nil {
+			return err
+		}
+		started <- struct{}{}
+		<-ctx.Done() // stuck until the drain timeout cancels it
+		return ctx.Err()
+	})
+	stop1 := run(t, r1)
+	for n := range 6 {
+		b.publish(t, fmt.Sprintf("o-%d", n), "x")
+	}
+	for range 4 { // every worker is stuck in a transaction
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+			t.Fatal("handlers did not start")
+		}
+	}
+	if err := stop1(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if n := b.effects(t); n != 0 {
+		t.Fatalf("effects after shutdown = %d, want 0 (rolled back)", n)
+	}
+	if c1.Processed.Load() != 0 || c1.Released.Load() != 4 {
+		t.Fatalf("processed = %d, released = %d; want 0 and 4", c1.Processed.Load(), c1.Released.Load())
+	}
+	if n := b.unacked(t); n != 6 {
+		t.Fatalf("unacked after shutdown = %d, want 6", n)
+	}
+	if n := b.db.Count(t, "SELECT count(*) FROM dedupe_inbox"); n != 0 {
+		t.Fatalf("inbox rows after shutdown = %d, want 0 (a shutdown is not a failed attempt)", n)
+	}
+
+	// The next consumer gets all of them at once (Nak, not AckWait) and
+	// processes each exactly once.
+	var c2 dedupenats.Counters
+	start := time.Now()
+	run(t, newRunner(t, b, b.cons, fastConfig(&c2), nil))
+	waitFor(t, 10*time.Second, "six effects", func() bool { return b.effects(t) == 6 && b.unacked(t) == 0 })
+	if c2.Processed.Load() != 6 {
+		t.Fatalf("processed by the second runner = %d, want 6", c2.Processed.Load())
+	}
+	if d := time.Since(start); d > 1500*time.Millisecond {
+		t.Errorf("redelivery took %v; released messages should come back before AckWait (2s)", d)
+	}
+}
+
+func TestShutdownLetsInFlightWorkCommitWithinDrainTimeout(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	var c dedupenats.Counters
+	started := make(chan struct{}, 1)
+	r := newRunner(t, b, b.cons, fastConfig(&c), func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+		started <- struct{}{}
+		time.Sleep(300 * time.Millisecond)
+		return insertEffect(ctx, tx, msg)
+	})
+	stop := run(t, r)
+	b.publish(t, "o-1", "x")
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler did not start")
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.effects(t); n != 1 || c.Processed.Load() != 1 {
+		t.Fatalf("effects = %d, processed = %d; want 1 and 1", n, c.Processed.Load())
+	}
+	if n := b.unacked(t); n != 0 {
+		t.Fatalf("unacked = %d, want 0", n)
+	}
+}
+
+func TestDatabaseConnectionKilledMidHandlerRetriedOneEffect(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	var (
+		c     dedupenats.Counters
+		kills atomic.Int64
+	)
+	r := newRunner(t, b, b.cons, fastConfig(&c), func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+		if err := insertEffect(ctx, tx, msg); err != nil {
+			return err
+		}
+		if kills.Add(1) == 1 {
+			var pid uint32
+			if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+				return err
+			}
+			b.db.Terminate(t, pid) // the transaction's connection dies under it
+		}
+		return nil
+	})
+	run(t, r)
+	b.publish(t, "o-1", "x")
+	waitFor(t, 15*time.Second, "the message processed after the kill", func() bool {
+		return c.Processed.Load() == 1 && b.unacked(t) == 0
+	})
+	if n := b.effects(t); n != 1 || c.Retries.Load() < 1 {
+		t.Fatalf("effects = %d, retries = %d; want 1 and at least 1", n, c.Retries.Load())
+	}
+}
+
+func TestNewValidatesConfig(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{ackWait: time.Second})
+	cases := map[string]*dedupenats.Config{
+		"heartbeat not below AckWait": {Heartbeat: time.Second},
+		"negative workers":            {Workers: -1},
+		"negative lock timeout":       {LockTimeout: -time.Second},
+		"scope with control char":     {Scope: "a\x00b"},
+	}
+	for name, cfg := range cases {
+		if _, err := dedupenats.New(b.inbox, b.cons, insertEffect, cfg); !errors.Is(err, dedupe.ErrInvalidConfig) {
+			t.Errorf("%s: err = %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	if _, err := dedupenats.New(nil, b.cons, insertEffect, nil); !errors.Is(err, dedupe.ErrInvalidConfig) {
+		t.Errorf("nil inbox: err = %v", err)
+	}
+	r, err := dedupenats.New(b.inbox, b.cons, insertEffect, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Config(); got.Workers != 4 || got.Heartbeat != time.Second/3 || got.MaxPending != 4 {
+		t.Fatalf("defaults = workers %d, heartbeat %v, pending %d", got.Workers, got.Heartbeat, got.MaxPending)
+	}
+}

@@ -1,0 +1,58 @@
+package dedupenats_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/exactlyonce/dedupe"
+	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
+	"github.com/exactlyonce/dedupe/internal/adaptertest"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
+)
+
+// TestSuite runs the shared transport suite. JetStream drops a re-published
+// Nats-Msg-Id inside the stream's duplicate window, so the suite's
+// duplicates are published with fresh Nats-Msg-Ids and the suite's id as a
+// business-key header, which the runner's key function reads.
+func TestSuite(t *testing.T) {
+	adaptertest.Run(t, adaptertest.Transport{
+		Name:     "nats-jetstream",
+		Features: adaptertest.Features{Poison: true},
+		New: func(t *testing.T, db *dbtest.DB) adaptertest.Instance {
+			b := setup(t, setupOpts{db: db})
+			return adaptertest.Instance{
+				Publish: func(ctx context.Context, id string, body []byte) error {
+					b.publish(t, id, string(body))
+					return nil
+				},
+				Start: func(ctx context.Context, inbox *dedupe.Inbox, rc adaptertest.RunConfig, effect adaptertest.Effect) func() error {
+					r, err := dedupenats.New(inbox, b.cons, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+						return effect(ctx, tx, dedupe.ClaimFromContext(ctx).Key.ID, msg.Data())
+					}, &dedupenats.Config{
+						Key:         dedupenats.HeaderKey(orderIDHdr),
+						Workers:     rc.Workers,
+						MaxAttempts: rc.MaxAttempts,
+						Backoff:     func(int) time.Duration { return 20 * time.Millisecond },
+					})
+					if err != nil {
+						t.Fatalf("new runner: %v", err)
+					}
+					done := make(chan error, 1)
+					go func() { done <- r.Run(ctx) }()
+					return func() error { return <-done }
+				},
+				Unacked: func(ctx context.Context) (int, error) {
+					ci, err := b.cons.Info(ctx)
+					if err != nil {
+						return 0, err
+					}
+					return ci.NumAckPending + int(ci.NumPending), nil
+				},
+			}
+		},
+	})
+}
