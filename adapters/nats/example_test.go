@@ -1,0 +1,96 @@
+package dedupenats_test
+
+import (
+	"context"
+	"encoding/json"
+	"log"
+	"os"
+	"os/signal"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/exactlyonce/dedupe"
+	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
+)
+
+// A billing consumer: each order is charged once, however often JetStream
+// delivers it.
+func ExampleNew() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+		log.Fatal(err)
+	}
+	inbox, err := dedupe.New(pool, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	nc, err := nats.Connect(nats.DefaultURL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		log.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{
+		Durable:   "billing",
+		AckPolicy: jetstream.AckExplicitPolicy,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	r, err := dedupenats.New(inbox, cons, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+		var o struct {
+			ID    string `json:"id"`
+			Cents int64  `json:"cents"`
+		}
+		if err := json.Unmarshal(msg.Data(), &o); err != nil {
+			return dedupe.Permanent(err) // never decodable: terminate, don't retry
+		}
+		_, err := tx.Exec(ctx, "INSERT INTO charges (order_id, cents) VALUES ($1, $2)", o.ID, o.Cents)
+		return err // commits together with the claim; acked only after
+	}, &dedupenats.Config{Workers: 8})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := r.Run(ctx); err != nil { // until Ctrl-C
+		log.Fatal(err)
+	}
+}
+
+// A business key: the publisher may send the same order twice under
+// different Nats-Msg-Ids (say, after a restart); the Order-Id header is the
+// same, so the effects happen once.
+func ExampleHeaderKey() {
+	var (
+		inbox *dedupe.Inbox
+		cons  jetstream.Consumer
+	)
+	r, err := dedupenats.New(inbox, cons, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+		return nil
+	}, &dedupenats.Config{Key: dedupenats.HeaderKey("Order-Id"), Scope: "billing-v2"})
+	_, _ = r, err
+}
+
+// Counting what a runner did, while still logging through slog.
+func ExampleCounters() {
+	var counts dedupenats.Counters
+	cfg := &dedupenats.Config{Metrics: dedupenats.Tee(&counts, dedupenats.LogMetrics{})}
+	_ = cfg
+	// ... after Run:
+	log.Printf("processed %d, duplicates absorbed %d, terminated %d",
+		counts.Processed.Load(), counts.Duplicates.Load(), counts.Terminated.Load())
+}
