@@ -138,7 +138,7 @@ type bundle struct {
 }
 
 // setup migrates a fresh schema with an effects table and starts a broker
-// with topic "orders" of partitions partitions.
+// with topics "orders" and "orders.dlq" of partitions partitions.
 func setup(t *testing.T, partitions int32) *bundle {
 	t.Helper()
 	db := dbtest.New(t, dbtest.Options{MaxConns: 8})
@@ -150,7 +150,7 @@ func setup(t *testing.T, partitions int32) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &bundle{db: db, inbox: inbox, brokers: cluster(t, partitions, "orders"), topic: "orders", group: "billing"}
+	return &bundle{db: db, inbox: inbox, brokers: cluster(t, partitions, "orders", "orders.dlq"), topic: "orders", group: "billing"}
 }
 
 // insertEffect is the business write of the tests' handlers.

@@ -1,0 +1,424 @@
+package dedupekafka_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/exactlyonce/dedupe"
+	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
+)
+
+// Twenty copies of one message land on three partitions, so three partition
+// workers (across two group members) claim the same key at the same moment.
+func TestDuplicateKeyHeaderOneEffect(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []int{1, 10} {
+		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 3)
+			var msgs []kafka.Message
+			for n := range 20 {
+				msgs = append(msgs, msg("order-42", fmt.Sprintf("route-%d", n), []byte("pay 19.00")))
+			}
+			msgs = append(msgs, msg("order-43", "", []byte("pay 5.00")))
+			b.produce(t, msgs...)
+			cfg := dedupekafka.Config{BatchSize: batch}
+			m1 := b.start(t, cfg, insertEffect)
+			m2 := b.start(t, cfg, insertEffect)
+			b.waitDrained(t, 30*time.Second)
+			if n := b.db.Count(t, "SELECT count(*) FROM effects WHERE msg_id = 'order-42'"); n != 1 {
+				t.Fatalf("effects of order-42 = %d, want 1", n)
+			}
+			if n := b.effects(t); n != 2 {
+				t.Fatalf("effects = %d, want 2", n)
+			}
+			s1, s2 := m1.runner.Stats(), m2.runner.Stats()
+			if got := s1.Handled + s2.Handled; got != 2 {
+				t.Fatalf("handled = %d, want 2 (stats %+v %+v)", got, s1, s2)
+			}
+			if got := s1.Duplicates + s2.Duplicates; got < 19 {
+				t.Fatalf("duplicates absorbed = %d, want at least 19", got)
+			}
+		})
+	}
+}
+
+// killOnCommit wraps a real reader: at the first offset commit of any wrapped
+// member it closes that member's reader instead (a consumer killed after its
+// database commit, before its offset commit) and refuses the commit.
+type killOnCommit struct {
+	dedupekafka.Reader
+	closer interface{ Close() error }
+	killed *atomic.Pointer[killOnCommit]
+}
+
+func (k *killOnCommit) CommitMessages(ctx context.Context, msgs ...kafka.Message) error {
+	if k.killed.CompareAndSwap(nil, k) {
+		_ = k.closer.Close()
+		return errors.New("killed before the offset commit")
+	}
+	if k.killed.Load() == k {
+		return errors.New("killed")
+	}
+	return k.Reader.CommitMessages(ctx, msgs...)
+}
+
+func TestKilledBeforeOffsetCommitSecondMemberAbsorbs(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	const total = 200
+	var msgs []kafka.Message
+	for n := range total {
+		msgs = append(msgs, msg(fmt.Sprintf("o-%d", n), "", []byte("x")))
+	}
+	var killed atomic.Pointer[killOnCommit]
+	// The first member to commit dies, whichever it is.
+	members := map[*killOnCommit]*member{}
+	for range 2 {
+		var k *killOnCommit
+		m := b.start(t, dedupekafka.Config{BatchSize: 25}, insertEffect, func(r dedupekafka.Reader) dedupekafka.Reader {
+			k = &killOnCommit{Reader: r, closer: r.(*kafka.Reader), killed: &killed}
+			return k
+		})
+		members[k] = m
+	}
+	b.produce(t, msgs...)
+	waitFor(t, 30*time.Second, "one member killed", func() bool { return killed.Load() != nil })
+	var dead, alive *member
+	for k, m := range members {
+		if k == killed.Load() {
+			dead = m
+		} else {
+			alive = m
+		}
+	}
+	select {
+	case err := <-dead.done:
+		if err == nil || !errors.Is(err, io.EOF) {
+			t.Fatalf("killed member's Run returned %v, want an error matching io.EOF", err)
+		}
+		dead.done <- err
+	case <-time.After(10 * time.Second):
+		t.Fatal("the killed member's Run did not return")
+	}
+	b.waitDrained(t, 30*time.Second)
+	if n := b.effects(t); n != total {
+		t.Fatalf("effects = %d, want %d", n, total)
+	}
+	if n := b.db.Count(t, "SELECT count(DISTINCT msg_id) FROM effects"); n != total {
+		t.Fatalf("distinct effects = %d, want %d", n, total)
+	}
+	ds, as := dead.runner.Stats(), alive.runner.Stats()
+	if ds.Handled == 0 {
+		t.Fatalf("the killed member committed no effects: %+v", ds)
+	}
+	if as.Duplicates == 0 {
+		t.Fatalf("the live member absorbed no redelivery: dead %+v alive %+v", ds, as)
+	}
+	t.Logf("killed member handled %d; survivor handled %d and absorbed %d redeliveries", ds.Handled, as.Handled, as.Duplicates)
+}
+
+func TestTenThousandTwoMembersBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 3)
+	const total, dupRate = 10_000, 0.2
+	rng := rand.New(rand.NewPCG(4, 2))
+	var ids []string
+	unique := map[string]bool{}
+	var msgs []kafka.Message
+	for n := 0; len(msgs) < total; n++ {
+		id := fmt.Sprintf("m-%d", n)
+		if len(ids) > 0 && rng.Float64() < dupRate {
+			id = ids[rng.IntN(len(ids))]
+		}
+		ids = append(ids, id)
+		unique[id] = true
+		msgs = append(msgs, msg(id, "", []byte(id)))
+	}
+	cfg := dedupekafka.Config{BatchSize: 100}
+	m1 := b.start(t, cfg, insertEffect)
+	m2 := b.start(t, cfg, insertEffect)
+	b.produce(t, msgs...)
+	b.waitDrained(t, 50*time.Second)
+	if n := b.effects(t); n != len(unique) {
+		t.Fatalf("effects = %d, want %d unique of %d", n, len(unique), total)
+	}
+	if n := b.db.Count(t, "SELECT count(DISTINCT msg_id) FROM effects"); n != len(unique) {
+		t.Fatalf("distinct effects = %d, want %d", n, len(unique))
+	}
+	s1, s2 := m1.runner.Stats(), m2.runner.Stats()
+	if s1.Fetched+s2.Fetched < total {
+		t.Fatalf("fetched %d, want at least %d", s1.Fetched+s2.Fetched, total)
+	}
+	if s1.Batches+s2.Batches == 0 || s1.Fallbacks+s2.Fallbacks != 0 {
+		t.Fatalf("want batch transactions and no fallback: %+v %+v", s1, s2)
+	}
+	t.Logf("member 1 %+v", s1)
+	t.Logf("member 2 %+v", s2)
+}
+
+// One message of a batch fails, then panics, then succeeds: every other
+// message commits exactly once, in partition order, and the failing one is
+// retried with its attempts counted.
+func TestBatchWithOneFailingMessage(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	var msgs []kafka.Message
+	for n := range 30 {
+		msgs = append(msgs, msg(fmt.Sprintf("b-%02d", n), "", nil))
+	}
+	b.produce(t, msgs...)
+	var calls atomic.Int32
+	m := b.start(t, dedupekafka.Config{BatchSize: 30, Linger: 200 * time.Millisecond, RetryBackoff: 10 * time.Millisecond},
+		func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
+			if err := insertEffect(ctx, tx, m); err != nil {
+				return err
+			}
+			if string(m.Headers[0].Value) == "b-07" {
+				switch calls.Add(1) {
+				case 1:
+					return errors.New("transient")
+				case 2:
+					panic("boom")
+				}
+			}
+			return nil
+		})
+	b.waitDrained(t, 30*time.Second)
+	if n := b.effects(t); n != 30 {
+		t.Fatalf("effects = %d, want 30", n)
+	}
+	if n := b.db.Count(t, "SELECT count(DISTINCT msg_id) FROM effects"); n != 30 {
+		t.Fatalf("distinct effects = %d, want 30", n)
+	}
+	if n := calls.Load(); n != 3 {
+		t.Fatalf("handler calls for b-07 = %d, want 3", n)
+	}
+	if n := b.db.Count(t, "SELECT attempts FROM dedupe_inbox WHERE key = 'b-07'"); n != 3 {
+		t.Fatalf("attempts of b-07 = %d, want 3", n)
+	}
+	if n := b.db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE key <> 'b-07' AND attempts <> 1"); n != 0 {
+		t.Fatalf("%d other keys took more than one attempt", n)
+	}
+	// Effects were written in offset order.
+	if n := b.db.Count(t, `SELECT count(*) FROM (SELECT off, lag(off) OVER (ORDER BY id) AS prev FROM effects) s WHERE off < prev`); n != 0 {
+		t.Fatalf("%d effects out of partition order", n)
+	}
+	if s := m.runner.Stats(); s.Fallbacks == 0 || s.Retries < 2 {
+		t.Fatalf("want a fallback and two retries: %+v", s)
+	}
+}
+
+// The connection of a batch transaction is killed with pg_terminate_backend
+// in the middle of the batch: nothing is lost or doubled.
+func TestBatchConnectionKilled(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	var msgs []kafka.Message
+	for n := range 40 {
+		msgs = append(msgs, msg(fmt.Sprintf("k-%02d", n), "", nil))
+	}
+	b.produce(t, msgs...)
+	var killed atomic.Bool
+	b.start(t, dedupekafka.Config{BatchSize: 40, Linger: 200 * time.Millisecond, RetryBackoff: 10 * time.Millisecond},
+		func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
+			if err := insertEffect(ctx, tx, m); err != nil {
+				return err
+			}
+			if string(m.Headers[0].Value) == "k-20" && killed.CompareAndSwap(false, true) {
+				var pid uint32
+				if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+					return err
+				}
+				if _, err := b.db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, "SELECT 1")
+				return err // the connection is gone
+			}
+			return nil
+		})
+	b.waitDrained(t, 30*time.Second)
+	if !killed.Load() {
+		t.Fatal("the connection was never killed")
+	}
+	if n := b.effects(t); n != 40 {
+		t.Fatalf("effects = %d, want 40", n)
+	}
+	if n := b.db.Count(t, "SELECT count(DISTINCT msg_id) FROM effects"); n != 40 {
+		t.Fatalf("distinct effects = %d, want 40", n)
+	}
+}
+
+// A message that always fails is marked failed after MaxAttempts, written
+// to the dead-letter topic with its origin, and its offset committed; so is
+// a message whose key cannot be stored. The others flow.
+func TestPoisonDeadLettered(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	brokersDLQ := b.brokers
+	dlq := newWriter(t, brokersDLQ, "orders.dlq", 1)
+	dlq.AllowAutoTopicCreation = true
+	var msgs []kafka.Message
+	for n := range 10 {
+		msgs = append(msgs, msg(fmt.Sprintf("ok-%d", n), "", []byte("fine")))
+		if n == 3 {
+			msgs = append(msgs, msg("poison", "", []byte("\x00garbage")))
+		}
+		if n == 6 {
+			msgs = append(msgs, msg(strings.Repeat("k", 300), "", []byte("too long a key")))
+		}
+	}
+	b.produce(t, msgs...)
+	m := b.start(t, dedupekafka.Config{BatchSize: 20, MaxAttempts: 3, RetryBackoff: 10 * time.Millisecond, DeadLetter: dlq},
+		func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
+			if string(m.Value) == "\x00garbage" {
+				return fmt.Errorf("cannot decode %q", m.Value)
+			}
+			return insertEffect(ctx, tx, m)
+		})
+	b.waitDrained(t, 30*time.Second)
+	if n := b.effects(t); n != 10 {
+		t.Fatalf("effects = %d, want 10", n)
+	}
+	if n := b.db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE key = 'poison' AND state = 'failed' AND attempts = 3"); n != 1 {
+		t.Fatalf("poison key not failed after 3 attempts")
+	}
+	if s := m.runner.Stats(); s.GivenUp != 2 || s.DeadLettered != 2 {
+		t.Fatalf("want 2 messages given up and dead-lettered: %+v", s)
+	}
+
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokersDLQ, Topic: "orders.dlq", Partition: 0, MaxWait: 50 * time.Millisecond})
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got := map[string]map[string]string{}
+	for range 2 {
+		dm, err := r.ReadMessage(ctx)
+		if err != nil {
+			t.Fatalf("read dead letter: %v", err)
+		}
+		h := map[string]string{}
+		for _, kv := range dm.Headers {
+			h[kv.Key] = string(kv.Value)
+		}
+		got[string(dm.Value)] = h
+	}
+	p := got["\x00garbage"]
+	if p == nil || p[dedupekafka.HeaderDeadLetterTopic] != "orders" || p[dedupekafka.HeaderDeadLetterOffset] != "4" ||
+		!strings.Contains(p[dedupekafka.HeaderDeadLetterError], "cannot decode") {
+		t.Fatalf("poison dead letter headers = %v", p)
+	}
+	if l := got["too long a key"]; l == nil || !strings.Contains(l[dedupekafka.HeaderDeadLetterError], "too long") {
+		t.Fatalf("long-key dead letter headers = %v", l)
+	}
+}
+
+// Messages of one order key (one partition) are handled in publish order,
+// while three partitions run concurrently.
+func TestOrderedPerPartition(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 3)
+	var msgs []kafka.Message
+	for seq := range 100 {
+		for acct := range 6 {
+			msgs = append(msgs, msg(fmt.Sprintf("a%d-%03d", acct, seq), fmt.Sprintf("acct-%d", acct), []byte(fmt.Sprintf("acct-%d", acct))))
+		}
+	}
+	b.produce(t, msgs...)
+	var mu sync.Mutex
+	inflight, peak := map[int]bool{}, 0
+	b.start(t, dedupekafka.Config{BatchSize: 10}, func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
+		mu.Lock()
+		inflight[m.Partition] = true
+		peak = max(peak, len(inflight))
+		mu.Unlock()
+		time.Sleep(200 * time.Microsecond)
+		err := insertEffect(ctx, tx, m)
+		mu.Lock()
+		delete(inflight, m.Partition)
+		mu.Unlock()
+		return err
+	})
+	b.waitDrained(t, 30*time.Second)
+	if n := b.effects(t); n != 600 {
+		t.Fatalf("effects = %d, want 600", n)
+	}
+	if n := b.db.Count(t, `SELECT count(*) FROM (
+		SELECT msg_id, lag(msg_id) OVER (PARTITION BY body ORDER BY id) AS prev FROM effects) s
+		WHERE msg_id < prev`); n != 0 {
+		t.Fatalf("%d effects out of per-key order", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if peak < 2 {
+		t.Fatalf("partitions never ran concurrently (peak %d)", peak)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	noGroup := kafka.NewReader(kafka.ReaderConfig{Brokers: b.brokers, Topic: b.topic})
+	defer noGroup.Close()
+	if _, err := dedupekafka.New(b.inbox, noGroup, dedupekafka.Config{}, insertEffect); !errors.Is(err, dedupekafka.ErrNoGroup) {
+		t.Fatalf("no group: err = %v, want ErrNoGroup", err)
+	}
+	r := newReader(b.brokers, b.group, b.topic)
+	defer r.Close()
+	for name, cfg := range map[string]dedupekafka.Config{
+		"negative batch":   {BatchSize: -1},
+		"negative linger":  {Linger: -time.Second},
+		"backoff over max": {RetryBackoff: time.Minute, MaxRetryBackoff: time.Second},
+		"bad scope":        {Scope: "a\nb"},
+	} {
+		var ce *dedupe.ConfigError
+		if _, err := dedupekafka.New(b.inbox, r, cfg, insertEffect); !errors.Is(err, dedupe.ErrInvalidConfig) || !errors.As(err, &ce) {
+			t.Errorf("%s: err = %v, want a *dedupe.ConfigError", name, err)
+		}
+	}
+	if _, err := dedupekafka.New(b.inbox, r, dedupekafka.Config{}, nil); !errors.Is(err, dedupe.ErrInvalidConfig) {
+		t.Errorf("nil handler: err = %v", err)
+	}
+	run, err := dedupekafka.New(b.inbox, r, dedupekafka.Config{}, insertEffect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run.Scope() != b.group {
+		t.Errorf("scope = %q, want the group id %q", run.Scope(), b.group)
+	}
+}
+
+func TestKeyFromHeaders(t *testing.T) {
+	t.Parallel()
+	m := kafka.Message{Topic: "t", Partition: 2, Offset: 17}
+	if got := dedupekafka.KeyFromHeaders(m, dedupekafka.DefaultKeyHeaders...); got != "t/2/17" {
+		t.Errorf("no header: %q", got)
+	}
+	m.Headers = []kafka.Header{{Key: "MESSAGE-ID", Value: []byte("mid")}}
+	if got := dedupekafka.KeyFromHeaders(m, dedupekafka.DefaultKeyHeaders...); got != "mid" {
+		t.Errorf("message-id: %q", got)
+	}
+	m.Headers = append(m.Headers, kafka.Header{Key: "Idempotency-Key", Value: []byte("idem")}, kafka.Header{Key: "x", Value: []byte("custom")})
+	if got := dedupekafka.KeyFromHeaders(m, dedupekafka.DefaultKeyHeaders...); got != "idem" {
+		t.Errorf("both: %q, want the Idempotency-Key", got)
+	}
+	if got := dedupekafka.KeyFromHeaders(m, "x"); got != "custom" {
+		t.Errorf("configured header: %q", got)
+	}
+	m.Headers = []kafka.Header{{Key: "Idempotency-Key", Value: nil}}
+	if got := dedupekafka.KeyFromHeaders(m, dedupekafka.DefaultKeyHeaders...); got != "t/2/17" {
+		t.Errorf("empty header: %q", got)
+	}
+}
