@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/exactlyonce/dedupe"
+)
+
+// keyFlags are the --scope and --key flags of inspect, release and run.
+type keyFlags struct{ scope, key string }
+
+func (k *keyFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&k.scope, "scope", "", "`scope` of the key: the consumer group, endpoint or tenant. Required.")
+	fs.StringVar(&k.key, "key", "", "the `key` within the scope. Required.")
+}
+
+func inspectCommand() *command {
+	return &command{
+		name:     "inspect",
+		synopsis: "inspect --scope S --key K",
+		summary:  "show one key: state, attempts, lease, stored result, last error",
+		about: `inspect prints the stored row of one key: its state (in_flight, complete,
+failed), the number of attempts, the lease (live or expired), the stored
+result (status, headers, body) and the last error. It exits 3 when the key is
+absent.`,
+		flags: func(fs *flag.FlagSet) any { k := &keyFlags{}; k.register(fs); return k },
+		run:   runInspect,
+	}
+}
+
+// recordJSON is a stored key as inspect prints it.
+type recordJSON struct {
+	Scope          string              `json:"scope"`
+	Key            string              `json:"key"`
+	State          dedupe.State        `json:"state"`
+	Attempts       int                 `json:"attempts"`
+	Lease          string              `json:"lease"` // none, live or expired
+	LockedUntil    jsonTime            `json:"locked_until"`
+	LeaseRemaining string              `json:"lease_remaining,omitempty"`
+	Fingerprint    string              `json:"fingerprint,omitempty"`
+	ResultStatus   *int                `json:"result_status,omitempty"`
+	ResultHeaders  map[string][]string `json:"result_headers,omitempty"`
+	bodyFields
+	LastError string   `json:"last_error,omitempty"`
+	CreatedAt jsonTime `json:"created_at"`
+	UpdatedAt jsonTime `json:"updated_at"`
+	ExpiresAt jsonTime `json:"expires_at"`
+}
+
+func newRecordJSON(r *dedupe.Record, now time.Time) recordJSON {
+	out := recordJSON{
+		Scope: r.Key.Scope, Key: r.Key.ID, State: r.State, Attempts: r.Attempts, Lease: "none",
+		LastError: r.LastError, CreatedAt: jsonTime{r.CreatedAt}, UpdatedAt: jsonTime{r.UpdatedAt}, ExpiresAt: jsonTime{r.ExpiresAt},
+	}
+	if len(r.Key.Fingerprint) > 0 {
+		out.Fingerprint = hex.EncodeToString(r.Key.Fingerprint)
+	}
+	if r.LockedUntil != nil {
+		out.LockedUntil = jsonTime{*r.LockedUntil}
+		if r.State == dedupe.StateInFlight {
+			out.Lease = "expired"
+			if left := r.LockedUntil.Sub(now); left > 0 {
+				out.Lease = "live"
+				out.LeaseRemaining = left.Round(time.Millisecond).String()
+			}
+		}
+	}
+	if res := r.Result; res != nil {
+		st := res.Status
+		out.ResultStatus = &st
+		out.ResultHeaders = res.Headers
+		out.bodyFields = newBodyFields(res.Body)
+	}
+	return out
+}
+
+// writeText renders the record for people.
+func (r recordJSON) writeText(w io.Writer) {
+	fmt.Fprintf(w, "scope\t%s\n", r.Scope)
+	fmt.Fprintf(w, "key\t%s\n", r.Key)
+	fmt.Fprintf(w, "state\t%s\n", r.State)
+	fmt.Fprintf(w, "attempts\t%d\n", r.Attempts)
+	switch r.Lease {
+	case "live":
+		fmt.Fprintf(w, "lease\tlive until %s (%s left)\n", r.LockedUntil.text(), r.LeaseRemaining)
+	case "expired":
+		fmt.Fprintf(w, "lease\texpired at %s (a retry may take the key over)\n", r.LockedUntil.text())
+	default:
+		fmt.Fprintf(w, "lease\tnone\n")
+	}
+	if r.Fingerprint != "" {
+		fmt.Fprintf(w, "fingerprint\t%s\n", r.Fingerprint)
+	}
+	if r.ResultStatus != nil {
+		fmt.Fprintf(w, "result status\t%d\n", *r.ResultStatus)
+		names := make([]string, 0, len(r.ResultHeaders))
+		for k := range r.ResultHeaders {
+			names = append(names, k)
+		}
+		slices.Sort(names)
+		for _, k := range names {
+			fmt.Fprintf(w, "result header\t%s: %s\n", k, strings.Join(r.ResultHeaders[k], ", "))
+		}
+		switch {
+		case r.Body != nil:
+			fmt.Fprintf(w, "result body\t%q\n", *r.Body)
+		case r.BodyBase64 != nil:
+			fmt.Fprintf(w, "result body\t%d bytes, not UTF-8 (use --json)\n", len(r.BodyBase64))
+		}
+	}
+	if r.LastError != "" {
+		fmt.Fprintf(w, "last error\t%q\n", r.LastError)
+	}
+	fmt.Fprintf(w, "created\t%s\n", r.CreatedAt.text())
+	fmt.Fprintf(w, "updated\t%s\n", r.UpdatedAt.text())
+	fmt.Fprintf(w, "expires\t%s\n", r.ExpiresAt.text())
+}
+
+func runInspect(ctx context.Context, c *cli, opts any, args []string) int {
+	kf := opts.(*keyFlags)
+	key, err := requireKey(kf.scope, kf.key)
+	if err == nil {
+		err = noArgs(args)
+	}
+	if err != nil {
+		return c.fail("inspect", err)
+	}
+	pool, inbox, err := c.connect(ctx, dedupe.Config{})
+	if err != nil {
+		return c.fail("inspect", err)
+	}
+	defer pool.Close()
+	rec, err := inbox.Lookup(ctx, key)
+	if err != nil {
+		return c.fail("inspect", err)
+	}
+	r := newRecordJSON(rec, inbox.Config().Clock())
+	c.emit(c.stdout, r, r.writeText)
+	return exitOK
+}

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/exactlyonce/dedupe"
+)
+
+func migrateCommand() *command {
+	return &command{
+		name:     "migrate",
+		synopsis: "migrate [up | status | sql]",
+		summary:  "create or upgrade the inbox table (up), list migrations (status), print the SQL (sql)",
+		about: `migrate up applies the pending migrations of the inbox table named by
+--schema and --table, under an advisory lock, so that many processes may run it
+at once. migrate status lists every migration and when it was applied.
+migrate sql prints the schema as one plain SQL script (no database needed), for
+goose, golang-migrate or atlas. Without an argument, migrate runs up.`,
+		flags: func(*flag.FlagSet) any { return nil },
+		run:   runMigrate,
+	}
+}
+
+// migrationJSON is one row of "migrate status --json".
+type migrationJSON struct {
+	Version   int      `json:"version"`
+	Name      string   `json:"name"`
+	Applied   bool     `json:"applied"`
+	AppliedAt jsonTime `json:"applied_at"`
+}
+
+func runMigrate(ctx context.Context, c *cli, _ any, args []string) int {
+	action := "up"
+	if len(args) > 0 {
+		action = args[0]
+	}
+	if len(args) > 1 {
+		return c.fail("migrate", usagef("unexpected argument %q", args[1]))
+	}
+	cfg := &dedupe.Config{Schema: c.g.schema, Table: c.g.table}
+	switch action {
+	case "up", "status":
+	case "sql":
+		script, err := dedupe.PlainSQL(cfg)
+		if err != nil {
+			return c.fail("migrate", err)
+		}
+		fmt.Fprint(c.stdout, script)
+		return exitOK
+	default:
+		return c.fail("migrate", usagef("unknown action %q (want up, status or sql)", action))
+	}
+	pool, inbox, err := c.connect(ctx, dedupe.Config{})
+	if err != nil {
+		return c.fail("migrate", err)
+	}
+	defer pool.Close()
+	m, err := dedupe.NewMigrator(pool, &dedupe.Config{Schema: inbox.Config().Schema, Table: inbox.Config().Table})
+	if err != nil {
+		return c.fail("migrate", err)
+	}
+	if action == "up" {
+		applied, err := m.Up(ctx)
+		if err != nil {
+			return c.fail("migrate", err)
+		}
+		if applied == nil {
+			applied = []int{}
+		}
+		c.emit(c.stdout, map[string]any{"table": inbox.Config().Table, "applied": applied}, func(w io.Writer) {
+			if len(applied) == 0 {
+				fmt.Fprintf(w, "%s is up to date\n", inbox.Config().Table)
+				return
+			}
+			for _, v := range applied {
+				fmt.Fprintf(w, "applied migration %03d to %s\n", v, inbox.Config().Table)
+			}
+		})
+		return exitOK
+	}
+	status, err := m.Status(ctx)
+	if err != nil {
+		return c.fail("migrate", err)
+	}
+	rows := make([]migrationJSON, 0, len(status))
+	pending := 0
+	for _, s := range status {
+		rows = append(rows, migrationJSON{Version: s.Version, Name: s.Name, Applied: s.Applied, AppliedAt: jsonTime{s.AppliedAt}})
+		if !s.Applied {
+			pending++
+		}
+	}
+	c.emit(c.stdout, map[string]any{"table": inbox.Config().Table, "migrations": rows, "pending": pending}, func(w io.Writer) {
+		fmt.Fprintln(w, "VERSION\tNAME\tAPPLIED AT")
+		for _, r := range rows {
+			at := "pending"
+			if r.Applied {
+				at = r.AppliedAt.text()
+			}
+			fmt.Fprintf(w, "%03d\t%s\t%s\n", r.Version, r.Name, at)
+		}
+	})
+	return exitOK
+}

@@ -1,0 +1,384 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestRunConcurrentInProcessRunsOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.setSleep(t, 700*time.Millisecond)
+	const n = 8
+	results := make([]result, n)
+	together(n, func(i int) { results[i] = e.cli(t, e.runArgs("nightly")...) })
+
+	outcomes := map[string]int{}
+	for i, r := range results {
+		rep := report(t, r)
+		outcomes[rep.Outcome]++
+		switch rep.Outcome {
+		case "ran":
+			if r.code != 0 || rep.Recorded != "complete" || !strings.Contains(r.stdout, "effect done") {
+				t.Errorf("run %d: ran with exit %d recorded %q, stdout %q", i, r.code, rep.Recorded, r.stdout)
+			}
+		case "in_flight":
+			if r.code != exitInFlight {
+				t.Errorf("run %d: in flight with exit %d", i, r.code)
+			}
+		case "skipped":
+			if r.code != 0 {
+				t.Errorf("run %d: skipped with exit %d", i, r.code)
+			}
+		default:
+			t.Errorf("run %d: outcome %q exit %d\n%s", i, rep.Outcome, r.code, r.stderr)
+		}
+	}
+	if outcomes["ran"] != 1 {
+		t.Fatalf("outcomes %v, want exactly one ran", outcomes)
+	}
+	if got := len(e.lines(t, "start")); got != 1 {
+		t.Fatalf("command started %d times, want 1", got)
+	}
+	// A later run of the complete key exits 0 without running the command.
+	r := e.cli(t, e.runArgs("nightly")...)
+	if rep := report(t, r); r.code != 0 || rep.Outcome != "skipped" {
+		t.Fatalf("later run = %d %q, want 0 skipped", r.code, rep.Outcome)
+	}
+	if got := len(e.lines(t, "end")); got != 1 {
+		t.Fatalf("command completed %d times, want 1", got)
+	}
+	rec := e.inspect(t, "jobs", "nightly")
+	if rec.State != "complete" || rec.ResultStatus == nil || *rec.ResultStatus != 0 || rec.Body == nil ||
+		!strings.Contains(*rec.Body, "effect done") || rec.ResultHeaders["Command"][0] != os.Args[0] {
+		t.Fatalf("stored record = %+v", rec)
+	}
+}
+
+// TestRunConcurrentProcessesRunsOnce fires real dedupe processes at one key.
+func TestRunConcurrentProcessesRunsOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.setSleep(t, 700*time.Millisecond)
+	const procs = 4
+	codes := make([]int, procs)
+	outputs := make([]string, procs)
+	together(procs, func(p int) {
+		cmd := e.process(e.runArgs("backup-2026-01-01")...)
+		out, err := cmd.CombinedOutput()
+		outputs[p] = string(out)
+		codes[p] = exitCodeOf(t, err)
+	})
+	ran := 0
+	for p, code := range codes {
+		switch {
+		case code == 0 && strings.Contains(outputs[p], `"outcome":"ran"`):
+			ran++
+		case code == exitInFlight, code == 0 && strings.Contains(outputs[p], `"outcome":"skipped"`):
+		default:
+			t.Errorf("process %d exited %d:\n%s", p, code, outputs[p])
+		}
+	}
+	if ran != 1 {
+		t.Fatalf("%d processes ran the command, want 1:\n%s", ran, strings.Join(outputs, "\n---\n"))
+	}
+	if got := len(e.lines(t, "start")); got != 1 {
+		t.Fatalf("command started %d times, want 1", got)
+	}
+}
+
+// TestRunKilledLeaseExpiresAndRetryTakesOver SIGKILLs a dedupe process while
+// its command runs: the command dies with it, the key stays held until the
+// lease runs out, and then a later run takes the key over.
+func TestRunKilledLeaseExpiresAndRetryTakesOver(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	const lease = 1500 * time.Millisecond
+	const firstSleep = 2500 * time.Millisecond
+	e.setSleep(t, firstSleep)
+	cmd := e.process(e.runArgs("export", "--lease", lease.String())...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	first := e.waitLines(t, "start", 1)[0]
+	startedAt := time.Now()
+	firstPID := strings.Fields(first)[1]
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	e.setSleep(t, 0)
+
+	// The dead run's lease still holds: another run is told to retry later.
+	r := e.cli(t, e.runArgs("export", "--lease", lease.String())...)
+	if rep := report(t, r); r.code != exitInFlight || rep.Outcome != "in_flight" {
+		t.Fatalf("run during the dead lease = %d %q, want %d in_flight\n%s", r.code, rep.Outcome, exitInFlight, r.stderr)
+	}
+	// Once it expired, the next run takes over as attempt 2.
+	deadline := time.Now().Add(10 * time.Second)
+	for e.inspect(t, "jobs", "export").Lease == "live" {
+		if time.Now().After(deadline) {
+			t.Fatal("the dead run's lease never expired")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	r = e.cli(t, e.runArgs("export", "--lease", lease.String())...)
+	rep := report(t, r)
+	if r.code != 0 || rep.Outcome != "ran" || rep.Attempt != 2 {
+		t.Fatalf("takeover run = %d %+v\n%s", r.code, rep, r.stderr)
+	}
+	// The orphaned command was killed with dedupe: it never finishes.
+	time.Sleep(time.Until(startedAt.Add(firstSleep + 500*time.Millisecond)))
+	for _, l := range e.lines(t, "end") {
+		if strings.Fields(l)[1] == firstPID {
+			t.Fatalf("the killed run's command went on and finished: %q", e.lines(t, ""))
+		}
+	}
+	if got := len(e.lines(t, "start")); got != 2 {
+		t.Fatalf("starts = %d, want 2", got)
+	}
+	if rec := e.inspect(t, "jobs", "export"); rec.State != "complete" || rec.Attempts != 2 {
+		t.Fatalf("record = %+v", rec)
+	}
+}
+
+func TestRunFailureReleasesKeyForRetry(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.setStatus(t, 3)
+	r := e.cli(t, e.runArgs("load")...)
+	if rep := report(t, r); r.code != 3 || rep.Recorded != "released" {
+		t.Fatalf("failing run = %d %+v", r.code, rep)
+	}
+	rec := e.inspect(t, "jobs", "load")
+	if rec.State != "in_flight" || rec.Lease == "live" || rec.Attempts != 1 || !strings.Contains(rec.LastError, "exit status 3") {
+		t.Fatalf("after failure: %+v", rec)
+	}
+	// The retry runs at once (no lease to wait for) and succeeds.
+	e.setStatus(t, 0)
+	r = e.cli(t, e.runArgs("load")...)
+	if rep := report(t, r); r.code != 0 || rep.Outcome != "ran" || rep.Attempt != 2 {
+		t.Fatalf("retry = %d %+v", r.code, rep)
+	}
+	r = e.cli(t, e.runArgs("load")...)
+	if rep := report(t, r); r.code != 0 || rep.Outcome != "skipped" {
+		t.Fatalf("after success = %d %+v", r.code, rep)
+	}
+	if got := len(e.lines(t, "end")); got != 2 {
+		t.Fatalf("command ran %d times, want 2 (one failure, one success)", got)
+	}
+}
+
+func TestRunOnFailureCompleteReplaysStatus(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.setStatus(t, 4)
+	r := e.cli(t, e.runArgs("report", "--on-failure", "complete")...)
+	if rep := report(t, r); r.code != 4 || rep.Recorded != "complete" {
+		t.Fatalf("run = %d %+v", r.code, rep)
+	}
+	e.setStatus(t, 0)
+	r = e.cli(t, e.runArgs("report", "--on-failure", "complete")...)
+	if rep := report(t, r); r.code != 4 || rep.Outcome != "skipped" {
+		t.Fatalf("later run = %d %+v, want the stored status 4 replayed", r.code, rep)
+	}
+	if got := len(e.lines(t, "start")); got != 1 {
+		t.Fatalf("command ran %d times, want 1", got)
+	}
+}
+
+func TestRunPoisonThenReleaseAllowsAnotherRun(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.setStatus(t, 5)
+	r := e.cli(t, e.runArgs("sync", "--on-failure", "poison")...)
+	if rep := report(t, r); r.code != 5 || rep.Recorded != "failed" {
+		t.Fatalf("run = %d %+v", r.code, rep)
+	}
+	e.setStatus(t, 0)
+	r = e.cli(t, e.runArgs("sync")...)
+	if rep := report(t, r); r.code != exitPoisoned || rep.Outcome != "poisoned" {
+		t.Fatalf("run of a poisoned key = %d %+v", r.code, rep)
+	}
+	// release without --yes changes nothing.
+	if r := e.cli(t, "release", "--scope", "jobs", "--key", "sync"); r.code != exitUsage || !strings.Contains(r.stderr, "--yes") {
+		t.Fatalf("release without --yes = %d\n%s", r.code, r.stderr)
+	}
+	if rec := e.inspect(t, "jobs", "sync"); rec.State != "failed" {
+		t.Fatalf("after unconfirmed release: %+v", rec)
+	}
+	if r := e.cli(t, "release", "--scope", "jobs", "--key", "sync", "--yes"); r.code != 0 {
+		t.Fatalf("release --yes = %d\n%s", r.code, r.stderr)
+	}
+	r = e.cli(t, e.runArgs("sync")...)
+	if rep := report(t, r); r.code != 0 || rep.Outcome != "ran" || rep.Attempt != 1 {
+		t.Fatalf("run after release = %d %+v", r.code, rep)
+	}
+	if got := len(e.lines(t, "start")); got != 2 {
+		t.Fatalf("command ran %d times, want 2", got)
+	}
+}
+
+func TestRunMaxAttemptsMarksKeyFailed(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.setStatus(t, 1)
+	for attempt := 1; attempt <= 2; attempt++ {
+		r := e.cli(t, e.runArgs("flaky", "--max-attempts", "2")...)
+		want := "released"
+		if attempt == 2 {
+			want = "failed"
+		}
+		if rep := report(t, r); r.code != 1 || rep.Attempt != attempt || rep.Recorded != want {
+			t.Fatalf("attempt %d = %d %+v, want recorded %s", attempt, r.code, rep, want)
+		}
+	}
+	r := e.cli(t, e.runArgs("flaky", "--max-attempts", "2")...)
+	if r.code != exitPoisoned {
+		t.Fatalf("third run = %d, want %d\n%s", r.code, exitPoisoned, r.stderr)
+	}
+	if got := len(e.lines(t, "start")); got != 2 {
+		t.Fatalf("command ran %d times, want 2", got)
+	}
+}
+
+func TestRunRefusesKeyWithAnotherCommand(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	if r := e.cli(t, e.runArgs("deploy")...); r.code != 0 {
+		t.Fatalf("first run = %d\n%s", r.code, r.stderr)
+	}
+	r := e.cli(t, "--json", "run", "--scope", "jobs", "--key", "deploy", "--", os.Args[0], effectArg, e.dir, "extra-argument")
+	if rep := report(t, r); r.code != exitConflict || rep.Outcome != "conflict" {
+		t.Fatalf("other command = %d %+v", r.code, rep)
+	}
+	if got := len(e.lines(t, "start")); got != 1 {
+		t.Fatalf("command ran %d times, want 1", got)
+	}
+}
+
+func TestRunCommandNotFoundReleasesKey(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	missing := e.dir + "/no-such-command"
+	for attempt := 1; attempt <= 2; attempt++ {
+		r := e.cli(t, "--json", "run", "--scope", "jobs", "--key", "missing", "--", missing)
+		if rep := report(t, r); r.code != exitNotExist || rep.Attempt != attempt || rep.Recorded != "released" {
+			t.Fatalf("attempt %d = %d %+v", attempt, r.code, rep)
+		}
+	}
+	if err := os.WriteFile(missing, []byte("not executable"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.cli(t, "run", "--scope", "jobs", "--key", "missing", "--", missing); r.code != exitCannotExec {
+		t.Fatalf("non-executable = %d, want %d\n%s", r.code, exitCannotExec, r.stderr)
+	}
+}
+
+// TestRunInterruptedStopsCommandAndReleasesKey cancels dedupe's context, as
+// SIGTERM does, while the command runs.
+func TestRunInterruptedStopsCommandAndReleasesKey(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan result, 1)
+	e.setSleep(t, 20*time.Second)
+	go func() { done <- e.cliCtx(t, ctx, e.runArgs("etl")...) }()
+	e.waitLines(t, "start", 1)
+	cancel()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("interrupted run did not end")
+	}
+	if rep := report(t, r); r.code != 128+int(syscall.SIGTERM) || rep.Recorded != "released" {
+		t.Fatalf("interrupted run = %d %+v\n%s", r.code, rep, r.stderr)
+	}
+	if got := len(e.lines(t, "end")); got != 0 {
+		t.Fatalf("the command finished despite the interruption")
+	}
+	e.setSleep(t, 0)
+	r = e.cli(t, e.runArgs("etl")...)
+	if rep := report(t, r); r.code != 0 || rep.Outcome != "ran" || rep.Attempt != 2 {
+		t.Fatalf("retry = %d %+v", r.code, rep)
+	}
+}
+
+// TestRunLeaseLostStopsCommand releases a key while its command runs: the
+// heartbeat is refused and the command is stopped.
+func TestRunLeaseLostStopsCommand(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.setSleep(t, 20*time.Second)
+	done := make(chan result, 1)
+	go func() {
+		done <- e.cli(t, e.runArgs("rebuild", "--lease", "900ms", "--heartbeat", "200ms")...)
+	}()
+	e.waitLines(t, "start", 1)
+	if r := e.cli(t, "release", "--scope", "jobs", "--key", "rebuild", "--yes"); r.code != exitInFlight {
+		t.Fatalf("release of a live lease without --force = %d, want %d\n%s", r.code, exitInFlight, r.stderr)
+	}
+	if r := e.cli(t, "release", "--scope", "jobs", "--key", "rebuild", "--yes", "--force"); r.code != 0 {
+		t.Fatalf("release --force = %d\n%s", r.code, r.stderr)
+	}
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("run did not stop after losing its lease")
+	}
+	if rep := report(t, r); r.code != exitRunFailed || rep.Outcome != "lease_lost" {
+		t.Fatalf("run = %d %+v\n%s", r.code, rep, r.stderr)
+	}
+	if got := len(e.lines(t, "end")); got != 0 {
+		t.Fatalf("the command finished despite the lost lease")
+	}
+}
+
+func TestRunStoresBoundedOutputTail(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	r := e.cli(t, e.runArgs("tail", "--tail", "16")...)
+	if r.code != 0 {
+		t.Fatalf("run = %d\n%s", r.code, r.stderr)
+	}
+	rec := e.inspect(t, "jobs", "tail")
+	if rec.Body == nil || len(*rec.Body) > 16 || !strings.HasSuffix(*rec.Body, "effect done\n") {
+		t.Fatalf("stored tail = %v, want at most 16 bytes ending in the last output", rec.Body)
+	}
+	if rec.ResultHeaders["Output-Bytes"][0] == "16" {
+		t.Fatalf("Output-Bytes = 16, want the full output size")
+	}
+	// The command saw the key and a derived idempotency key.
+	if !strings.Contains(r.stdout, "key=tail idem=") || strings.Contains(r.stdout, "idem= ") {
+		t.Fatalf("command environment: %q", r.stdout)
+	}
+}
+
+// process returns the test binary acting as the dedupe CLI with args.
+func (e *env) process(args ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], append([]string{"--database-url", e.db.URL}, args...)...)
+	cmd.Env = append(os.Environ(), roleEnv+"=cli")
+	return cmd
+}
+
+func exitCodeOf(t *testing.T, err error) int {
+	t.Helper()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		return ee.ExitCode()
+	}
+	t.Fatalf("process: %v", err)
+	return -1
+}

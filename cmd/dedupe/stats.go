@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/exactlyonce/dedupe"
+)
+
+func statsCommand() *command {
+	return &command{
+		name:     "stats",
+		synopsis: "stats",
+		summary:  "count keys by scope and state, with the oldest in-flight key",
+		about: `stats counts the keys of the inbox table by scope and state, with the live
+leases among the in-flight keys and the age of the oldest in-flight key: an old
+in-flight key with no live lease is a task that died and was never retried.
+It reads the whole table; do not run it in a tight loop on a large inbox.`,
+		flags: func(*flag.FlagSet) any { return nil },
+		run:   runStats,
+	}
+}
+
+// scopeStatsJSON is one row of stats.
+type scopeStatsJSON struct {
+	Scope             string       `json:"scope"`
+	State             dedupe.State `json:"state"`
+	Count             int64        `json:"count"`
+	LiveLeases        int64        `json:"live_leases"`
+	OldestInFlight    jsonTime     `json:"oldest_in_flight"`
+	OldestInFlightAge string       `json:"oldest_in_flight_age,omitempty"`
+}
+
+// statsJSON is the whole output of stats.
+type statsJSON struct {
+	Table  string           `json:"table"`
+	Total  int64            `json:"total"`
+	Scopes []scopeStatsJSON `json:"scopes"`
+}
+
+func runStats(ctx context.Context, c *cli, _ any, args []string) int {
+	if err := noArgs(args); err != nil {
+		return c.fail("stats", err)
+	}
+	pool, inbox, err := c.connect(ctx, dedupe.Config{})
+	if err != nil {
+		return c.fail("stats", err)
+	}
+	defer pool.Close()
+	stats, err := inbox.Stats(ctx)
+	if err != nil {
+		return c.fail("stats", err)
+	}
+	now := inbox.Config().Clock()
+	out := statsJSON{Table: inbox.Config().Table, Scopes: make([]scopeStatsJSON, 0, len(stats))}
+	for _, s := range stats {
+		row := scopeStatsJSON{Scope: s.Scope, State: s.State, Count: s.Count, LiveLeases: s.LiveLeases, OldestInFlight: jsonTime{s.OldestInFlight}}
+		if !s.OldestInFlight.IsZero() {
+			row.OldestInFlightAge = age(now, s.OldestInFlight)
+		}
+		out.Total += s.Count
+		out.Scopes = append(out.Scopes, row)
+	}
+	c.emit(c.stdout, out, func(w io.Writer) {
+		fmt.Fprintln(w, "SCOPE\tSTATE\tCOUNT\tLIVE LEASES\tOLDEST IN FLIGHT")
+		for _, r := range out.Scopes {
+			oldest := "-"
+			if r.OldestInFlightAge != "" {
+				oldest = r.OldestInFlightAge + " ago"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\n", r.Scope, r.State, r.Count, r.LiveLeases, oldest)
+		}
+		fmt.Fprintf(w, "total\t\t%d\t\t\n", out.Total)
+	})
+	return exitOK
+}
