@@ -1,0 +1,281 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+
+	"github.com/exactlyonce/dedupe"
+	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
+	"github.com/exactlyonce/dedupe/internal/natstest"
+)
+
+const (
+	streamName  = "ORDERS"
+	durableName = "shipping"
+	orderIDHdr  = "Order-Id"
+)
+
+// options configure one quickstart run.
+type options struct {
+	Orders    int     // unique orders
+	DupRate   float64 // extra duplicates per unique order
+	FailRate  float64 // orders whose first attempt fails
+	Consumers int     // consumer processes
+	Workers   int     // workers per consumer
+	CrashOne  bool    // close one consumer's NATS connection mid-run
+
+	DatabaseURL    string
+	DatabaseSource string // for the report
+	Logger         *slog.Logger
+	Timeout        time.Duration // Defaults to 60s.
+}
+
+// report is what a run came to.
+type report struct {
+	DatabaseSource, Schema string
+	Consumers, Workers     int
+	Crashed                int // index of the consumer that lost its connection, or -1
+
+	Unique, Published, Deliveries, Duplicates, Retries int64
+	Effects, DistinctEffects                           int64
+	Elapsed                                            time.Duration
+}
+
+func (r *report) ok() bool { return r.Effects == r.Unique && r.DistinctEffects == r.Unique }
+
+// order is the message body.
+type order struct {
+	ID   string `json:"id"`
+	Item string `json:"item"`
+	Qty  int    `json:"qty"`
+}
+
+// run does the whole quickstart against o.DatabaseURL in a fresh schema,
+// which it drops before returning.
+func run(ctx context.Context, o options) (*report, error) {
+	if o.Timeout == 0 {
+		o.Timeout = 60 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Orders < 1 || o.Consumers < 1 || o.Workers < 1 {
+		return nil, errors.New("orders, consumers and workers must be at least 1")
+	}
+	rep := &report{DatabaseSource: o.DatabaseSource, Consumers: o.Consumers, Workers: o.Workers, Crashed: -1,
+		Schema: fmt.Sprintf("dedupe_quickstart_%08x", rand.Uint32())}
+
+	// PostgreSQL: a schema of our own, dropped at the end.
+	pcfg, err := pgxpool.ParseConfig(o.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
+	pcfg.MaxConns = 8
+	pcfg.ConnConfig.RuntimeParams["search_path"] = rep.Schema
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{rep.Schema}.Sanitize()); err != nil {
+		return nil, fmt.Errorf("create schema: %w", err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(dctx, "DROP SCHEMA "+pgx.Identifier{rep.Schema}.Sanitize()+" CASCADE"); err != nil {
+			fmt.Fprintf(os.Stderr, "quickstart: drop schema %s: %v\n", rep.Schema, err)
+		}
+	}()
+	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+		return nil, err
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE shipments (
+		id bigserial PRIMARY KEY, order_id text NOT NULL, item text NOT NULL, qty int NOT NULL)`); err != nil {
+		return nil, err
+	}
+	inbox, err := dedupe.New(pool, &dedupe.Config{Logger: o.Logger})
+	if err != nil {
+		return nil, err
+	}
+
+	// NATS with JetStream, in-process, storing in a temporary directory.
+	dir, err := os.MkdirTemp("", "dedupe-quickstart-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	srv, err := natstest.Start(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	}()
+	pub, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		return nil, err
+	}
+	defer pub.Close()
+	js, err := jetstream.New(pub)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: streamName, Subjects: []string{"orders.>"}}); err != nil {
+		return nil, err
+	}
+	durable, err := js.CreateOrUpdateConsumer(ctx, streamName, jetstream.ConsumerConfig{
+		Durable: durableName, AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second,
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	// Which orders fail on their first attempt (a flaky warehouse API).
+	rng := rand.New(rand.NewPCG(42, uint64(o.Orders)))
+	flaky := map[string]bool{}
+	var orders []order
+	for n := range o.Orders {
+		ord := order{ID: fmt.Sprintf("order-%04d", n+1), Item: []string{"book", "lamp", "mug"}[n%3], Qty: 1 + n%4}
+		orders = append(orders, ord)
+		if rng.Float64() < o.FailRate {
+			flaky[ord.ID] = true
+		}
+	}
+	handler := func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+		var ord order
+		if err := json.Unmarshal(msg.Data(), &ord); err != nil {
+			return dedupe.Permanent(err)
+		}
+		if flaky[ord.ID] && dedupe.ClaimFromContext(ctx).Attempt == 1 {
+			return errors.New("warehouse API timed out")
+		}
+		_, err := tx.Exec(ctx, "INSERT INTO shipments (order_id, item, qty) VALUES ($1, $2, $3)", ord.ID, ord.Item, ord.Qty)
+		return err
+	}
+
+	// The consumers: each its own connection, as separate processes would be.
+	var total dedupenats.Counters
+	runCtx, stopAll := context.WithCancel(ctx)
+	defer stopAll()
+	var wg sync.WaitGroup
+	errs := make([]error, o.Consumers)
+	for i := range o.Consumers {
+		nc, err := nats.Connect(srv.ClientURL())
+		if err != nil {
+			return nil, err
+		}
+		defer nc.Close()
+		cjs, err := jetstream.New(nc)
+		if err != nil {
+			return nil, err
+		}
+		cons, err := cjs.Consumer(ctx, streamName, durableName)
+		if err != nil {
+			return nil, err
+		}
+		metrics := dedupenats.Metrics(&total)
+		crashes := o.CrashOne && o.Consumers > 1 && i == o.Consumers-1
+		if crashes {
+			// Lose the connection after a few messages: acks in flight fail,
+			// and JetStream redelivers those messages after AckWait.
+			rep.Crashed = i
+			var handled atomic.Int64
+			after := int64(max(o.Orders/(3*o.Consumers), 1))
+			metrics = dedupenats.Tee(&total, dedupenats.MetricsFunc(func(context.Context, dedupenats.Event) {
+				if handled.Add(1) == after {
+					nc.Close()
+				}
+			}))
+		}
+		r, err := dedupenats.New(inbox, cons, handler, &dedupenats.Config{
+			Key:     dedupenats.HeaderKey(orderIDHdr),
+			Workers: o.Workers,
+			Backoff: dedupenats.ExponentialBackoff(20*time.Millisecond, 200*time.Millisecond),
+			Metrics: metrics,
+			Logger:  o.Logger,
+		})
+		if err != nil {
+			return nil, err
+		}
+		wg.Go(func() {
+			err := r.Run(runCtx)
+			if crashes && errors.Is(err, dedupenats.ErrIteratorClosed) {
+				err = nil // the connection we closed on purpose
+			}
+			errs[i] = err
+		})
+	}
+
+	// Publish every order once and some again, the copies later in the
+	// stream, as a producer resending after a restart would.
+	start := time.Now()
+	msgs := make([]order, 0, o.Orders*2)
+	msgs = append(msgs, orders...)
+	for range int(float64(o.Orders) * o.DupRate) {
+		at := rng.IntN(len(orders))
+		msgs = append(msgs, orders[at])
+	}
+	for _, ord := range msgs {
+		m := nats.NewMsg("orders.created")
+		m.Header.Set(jetstream.MsgIDHeader, nuid.Next())
+		m.Header.Set(orderIDHdr, ord.ID)
+		m.Data, _ = json.Marshal(ord)
+		if _, err := js.PublishMsgAsync(m); err != nil {
+			return nil, fmt.Errorf("publish: %w", err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(o.Timeout):
+		return nil, errors.New("publishes not acknowledged by the stream")
+	}
+	rep.Unique, rep.Published = int64(len(orders)), int64(len(msgs))
+
+	// Wait until the durable has nothing pending and nothing unacknowledged.
+	deadline := time.Now().Add(o.Timeout)
+	for {
+		ci, err := durable.Info(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if ci.NumPending == 0 && ci.NumAckPending == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("not drained after %v: %d pending, %d unacknowledged", o.Timeout, ci.NumPending, ci.NumAckPending)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	rep.Elapsed = time.Since(start)
+	stopAll()
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+
+	rep.Duplicates = total.Duplicates.Load()
+	rep.Retries = total.Retries.Load()
+	rep.Deliveries = total.Processed.Load() + rep.Duplicates + rep.Retries + total.InFlight.Load() +
+		total.Terminated.Load() + total.Released.Load() + total.AckFailed.Load()
+	if err := pool.QueryRow(ctx, "SELECT count(*), count(DISTINCT order_id) FROM shipments").
+		Scan(&rep.Effects, &rep.DistinctEffects); err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
