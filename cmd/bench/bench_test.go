@@ -1,0 +1,71 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/exactlyonce/dedupe/internal/dbtest"
+)
+
+func TestMain(m *testing.M) { dbtest.VerifyTestMain(m) }
+
+// TestBenchTinyRunReportsEveryRow runs the whole program with tiny settings
+// so that it cannot rot: every scenario, the inbox sizes and the purge must
+// appear with a positive throughput and a ratio where one is due.
+func TestBenchTinyRunReportsEveryRow(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"-dsn", dbtest.BaseURL(t), "-duration", "150ms", "-warmup", "20ms",
+		"-workers", "1,2", "-batch", "10", "-inbox-rows", "2000", "-size-workers", "2", "-markdown"}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit code %d: %s", code, stderr.String())
+	}
+	out := stdout.String()
+	t.Log(out)
+	rows := map[string]int{}
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(line, "| ") || strings.HasPrefix(line, "| scenario") || strings.HasPrefix(line, "| inbox rows") || strings.HasPrefix(line, "| run ") {
+			continue
+		}
+		cells := strings.Split(strings.Trim(line, "| "), " | ")
+		rows[cells[0]]++
+		for _, c := range cells {
+			if c == "0" && cells[0] != "0" {
+				t.Errorf("zero cell in %q", line)
+			}
+		}
+	}
+	for _, sc := range scenarios {
+		if rows[sc.name] != 2 {
+			t.Errorf("scenario %q: %d rows, want 2 (one per worker count)", sc.name, rows[sc.name])
+		}
+	}
+	for _, want := range []string{"0", "2000", "Handle, no purge", "Handle while Purge runs"} {
+		if rows[want] != 1 {
+			t.Errorf("row %q: %d, want 1", want, rows[want])
+		}
+	}
+	if !strings.Contains(out, "purged 2000 of 2000 expired keys") {
+		t.Errorf("the purge did not delete every expired key:\n%s", out)
+	}
+	if strings.Count(out, "×") < 3*2+2 {
+		t.Errorf("missing ratios:\n%s", out)
+	}
+}
+
+func TestBenchRefusesBadFlags(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"-workers", "0"}, {"-workers", "x"}, {"-duration", "0"}, {"-batch", "0"}, {"-inbox-rows", "-5"}, {"stray"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := run(context.Background(), args, &stdout, &stderr); code != 2 {
+			t.Errorf("run %q = %d, want 2", args, code)
+		}
+		if stdout.Len() != 0 {
+			t.Errorf("run %q printed %q", args, stdout.String())
+		}
+	}
+}
