@@ -56,7 +56,10 @@ type command struct {
 	summary  string // one line for the command list
 	about    string // the paragraph of its --help
 	flags    func(fs *flag.FlagSet) any
-	run      func(ctx context.Context, c *cli, opts any, args []string) int
+	// rawArgs: the arguments after the flags are passed on untouched (run's
+	// CMD ARGS). Otherwise flags may follow positional arguments too.
+	rawArgs bool
+	run     func(ctx context.Context, c *cli, opts any, args []string) int
 }
 
 // commands lists the subcommands in the order "dedupe help" shows them.
@@ -119,7 +122,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var sub globals
 	sub.register(fs)
 	opts := cmd.flags(fs)
-	if err := fs.Parse(rest); err != nil {
+	positional, err := parseFlags(fs, rest, cmd.rawArgs)
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			commandHelp(stdout, cmd, fs)
 			return exitOK
@@ -136,7 +140,30 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		level = slog.LevelDebug
 	}
 	c.log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	return cmd.run(ctx, c, opts, fs.Args())
+	return cmd.run(ctx, c, opts, positional)
+}
+
+// parseFlags parses args into fs. Unless raw, flags may also follow
+// positional arguments ("migrate status --json"); "--" ends the flags.
+func parseFlags(fs *flag.FlagSet, args []string, raw bool) ([]string, error) {
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if raw {
+		return fs.Args(), nil
+	}
+	var positional []string
+	for rest := fs.Args(); len(rest) > 0; rest = fs.Args() {
+		if len(args) > len(rest) && args[len(args)-len(rest)-1] == "--" {
+			return append(positional, rest...), nil
+		}
+		positional = append(positional, rest[0])
+		if err := fs.Parse(rest[1:]); err != nil {
+			return nil, err
+		}
+		args = rest[1:]
+	}
+	return positional, nil
 }
 
 func (c *cli) mainHelp(w io.Writer, top *flag.FlagSet) {

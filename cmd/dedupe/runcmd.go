@@ -96,7 +96,8 @@ With --json, run's own report is one JSON object on stderr (stdout is CMD's).`,
 			fs.BoolVar(&f.fingerprint, "fingerprint", true, "store a hash of CMD and ARGS with the key and refuse the key with another command. Defaults to true.")
 			return f
 		},
-		run: runRun,
+		rawArgs: true,
+		run:     runRun,
 	}
 }
 
