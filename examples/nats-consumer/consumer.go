@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/exactlyonce/dedupe"
+	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
+)
+
+// order is the message body.
+type order struct {
+	ID   string `json:"id"`
+	Item string `json:"item"`
+	Qty  int    `json:"qty"`
+}
+
+const createShipments = `CREATE TABLE IF NOT EXISTS shipments (
+    id         bigserial PRIMARY KEY,
+    order_id   text NOT NULL,
+    item       text NOT NULL,
+    qty        int  NOT NULL,
+    shipped_at timestamptz NOT NULL DEFAULT now())`
+
+const insertShipment = `INSERT INTO shipments (order_id, item, qty) VALUES ($1, $2, $3)`
+
+// ship is the business logic: one shipment per order, written in the
+// transaction that holds the message's claim.
+func ship(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	var o order
+	if err := json.Unmarshal(msg.Data(), &o); err != nil {
+		return dedupe.Permanent(fmt.Errorf("decode order: %w", err))
+	}
+	if o.ID == "" || o.Qty < 1 {
+		return dedupe.Permanent(fmt.Errorf("invalid order %+v", o))
+	}
+	_, err := tx.Exec(ctx, insertShipment, o.ID, o.Item, o.Qty)
+	return err
+}
+
+// migrateShipments creates the shipments table. CREATE TABLE IF NOT EXISTS
+// is not safe against a concurrent copy doing the same, so the copies take
+// turns under an advisory lock.
+func migrateShipments(ctx context.Context, pool *pgxpool.Pool) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('dedupe-example-shipments'))"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, createShipments)
+		return err
+	})
+}
+
+// run consumes until ctx is cancelled.
+func run(ctx context.Context, cfg config) error {
+	log := cfg.Logger
+	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	pcfg.MaxConns = int32(cfg.Workers + 2)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	defer pool.Close()
+	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+		return err
+	}
+	if err := migrateShipments(ctx, pool); err != nil {
+		return fmt.Errorf("create shipments: %w", err)
+	}
+	inbox, err := dedupe.New(pool, &dedupe.Config{Logger: log})
+	if err != nil {
+		return err
+	}
+
+	nc, err := nats.Connect(cfg.NATSURL, nats.Name("dedupe-nats-consumer"), nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("connect to NATS: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: []string{cfg.Subjects}}); err != nil {
+		return fmt.Errorf("stream %s: %w", cfg.Stream, err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Stream, jetstream.ConsumerConfig{
+		Durable:   cfg.Durable,
+		AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait:   30 * time.Second,
+	})
+	if err != nil {
+		return fmt.Errorf("consumer %s: %w", cfg.Durable, err)
+	}
+
+	var counts dedupenats.Counters
+	rcfg := &dedupenats.Config{
+		Workers: cfg.Workers,
+		Metrics: dedupenats.Tee(&counts, dedupenats.LogMetrics{Logger: log}),
+		Logger:  log,
+	}
+	if cfg.KeyHeader != "" {
+		rcfg.Key = dedupenats.HeaderKey(cfg.KeyHeader)
+	}
+	r, err := dedupenats.New(inbox, cons, ship, rcfg)
+	if err != nil {
+		return err
+	}
+
+	// Keys outlive the longest redelivery; purge expired ones now and then.
+	purgeCtx, stopPurge := context.WithCancel(ctx)
+	purged := make(chan struct{})
+	go func() {
+		defer close(purged)
+		t := time.NewTicker(cfg.PurgeEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-purgeCtx.Done():
+				return
+			case <-t.C:
+				n, err := inbox.Purge(purgeCtx, 0)
+				if err != nil && !errors.Is(err, context.Canceled) {
+					log.Warn("purge", "err", err)
+				} else if n > 0 {
+					log.Info("purged expired keys", "deleted", n)
+				}
+			}
+		}
+	}()
+	defer func() {
+		stopPurge()
+		<-purged
+	}()
+
+	log.Info("consuming", "stream", cfg.Stream, "durable", cfg.Durable, "scope", r.Scope(), "workers", cfg.Workers)
+	if cfg.ready != nil {
+		cfg.ready()
+	}
+	err = r.Run(ctx)
+	log.Info("stopped", "processed", counts.Processed.Load(), "duplicates", counts.Duplicates.Load(),
+		"retries", counts.Retries.Load(), "terminated", counts.Terminated.Load())
+	return err
+}

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+
+	"github.com/exactlyonce/dedupe/internal/dbtest"
+	"github.com/exactlyonce/dedupe/internal/natstest"
+)
+
+func TestMain(m *testing.M) { dbtest.VerifyTestMain(m) }
+
+// TestTwoCopiesShipEachOrderOnce runs two copies of the program against one
+// NATS server and one database, publishes every order twice (under new
+// Nats-Msg-Ids, with an Order-Id business key) plus an undecodable message,
+// and counts shipments.
+func TestTwoCopiesShipEachOrderOnce(t *testing.T) {
+	db := dbtest.New(t)
+	srv := natstest.Server(t)
+	cfg, err := configFromEnv(func(name string) string {
+		return map[string]string{
+			"NATS_URL": srv.ClientURL(), "DATABASE_URL": db.URL, "KEY_HEADER": "Order-Id",
+			"WORKERS": "2", "PURGE_EVERY": "50ms",
+		}[name]
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Logger = slog.New(slog.DiscardHandler)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var ready, stopped sync.WaitGroup
+	var mu sync.Mutex
+	errs := make([]error, 2)
+	for i := range 2 {
+		ready.Add(1)
+		stopped.Add(1)
+		c := cfg
+		var once sync.Once
+		c.ready = func() { once.Do(ready.Done) }
+		go func() {
+			defer stopped.Done()
+			err := run(ctx, c)
+			mu.Lock()
+			errs[i] = err
+			mu.Unlock()
+			c.ready() // a copy that failed to start must not hang the test
+		}()
+	}
+	waitDone(t, &ready, "both copies to start")
+	mu.Lock()
+	started := slices.Clone(errs)
+	mu.Unlock()
+	for i, err := range started {
+		if err != nil {
+			t.Fatalf("copy %d failed to start: %v", i, err)
+		}
+	}
+
+	nc := natstest.Connect(t, srv)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const orders = 25
+	publish := func(orderID string, body []byte) {
+		m := nats.NewMsg("orders.created")
+		m.Header.Set(jetstream.MsgIDHeader, nuid.Next())
+		m.Header.Set("Order-Id", orderID)
+		m.Data = body
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+	}
+	for copy := range 2 {
+		for n := range orders {
+			publish(fmt.Sprintf("order-%d", n), fmt.Appendf(nil, `{"id":"order-%d","item":"book","qty":%d}`, n, 1+copy))
+		}
+	}
+	publish("garbage", []byte("{not json"))
+
+	cons, err := js.Consumer(ctx, cfg.Stream, cfg.Durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ci, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ci.NumPending == 0 && ci.NumAckPending == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not drained: %d pending, %d unacked", ci.NumPending, ci.NumAckPending)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	waitDone(t, &stopped, "both copies to stop")
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("copy %d: %v", i, err)
+		}
+	}
+	if n := db.Count(t, "SELECT count(*) FROM shipments"); n != orders {
+		t.Fatalf("shipments = %d, want %d", n, orders)
+	}
+	if n := db.Count(t, "SELECT count(DISTINCT order_id) FROM shipments"); n != orders {
+		t.Fatalf("distinct shipments = %d, want %d", n, orders)
+	}
+	if n := db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE key = 'garbage' AND state = 'failed'"); n != 1 {
+		t.Fatalf("the undecodable message was not recorded as failed")
+	}
+}
+
+func TestConfigFromEnv(t *testing.T) {
+	c, err := configFromEnv(func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NATSURL != "nats://127.0.0.1:4222" || c.Stream != "ORDERS" || c.Durable != "shipping" || c.Workers != 4 || c.PurgeEvery != time.Hour {
+		t.Fatalf("defaults = %+v", c)
+	}
+	for _, bad := range []map[string]string{{"WORKERS": "0"}, {"WORKERS": "x"}, {"PURGE_EVERY": "soon"}} {
+		if _, err := configFromEnv(func(n string) string { return bad[n] }); err == nil {
+			t.Errorf("%v: no error", bad)
+		}
+	}
+}
+
+func waitDone(t *testing.T, wg *sync.WaitGroup, what string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}

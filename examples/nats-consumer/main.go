@@ -1,0 +1,85 @@
+// Command nats-consumer is a small, realistic JetStream consumer with
+// exactly-once effects: it records a shipment per order message in
+// PostgreSQL, claiming each message's key in the dedupe inbox in the same
+// transaction, and acknowledges only after the commit. Run several copies
+// side by side: each order still ships once.
+//
+// Configuration comes from the environment:
+//
+//	NATS_URL       NATS server                  (default nats://127.0.0.1:4222)
+//	DATABASE_URL   PostgreSQL                   (default postgres://postgres@127.0.0.1:5432/test)
+//	NATS_STREAM    stream, created if missing   (default ORDERS)
+//	NATS_SUBJECTS  the stream's subjects        (default orders.>)
+//	NATS_DURABLE   durable consumer, the scope  (default shipping)
+//	KEY_HEADER     business-key header; empty uses Nats-Msg-Id, else stream sequence
+//	WORKERS        concurrent handlers          (default 4)
+//	PURGE_EVERY    retention purge interval     (default 1h)
+//
+// Publish an order with the nats CLI:
+//
+//	nats pub orders.created '{"id":"order-1","item":"book","qty":1}' -H Nats-Msg-Id:order-1
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// config is the program's configuration.
+type config struct {
+	NATSURL, DatabaseURL      string
+	Stream, Subjects, Durable string
+	KeyHeader                 string
+	Workers                   int
+	PurgeEvery                time.Duration
+	Logger                    *slog.Logger
+	ready                     func() // tests: called once the runner starts
+}
+
+// configFromEnv reads config from getenv, with defaults.
+func configFromEnv(getenv func(string) string) (config, error) {
+	or := func(name, def string) string {
+		if v := getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	c := config{
+		NATSURL:     or("NATS_URL", "nats://127.0.0.1:4222"),
+		DatabaseURL: or("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
+		Stream:      or("NATS_STREAM", "ORDERS"),
+		Subjects:    or("NATS_SUBJECTS", "orders.>"),
+		Durable:     or("NATS_DURABLE", "shipping"),
+		KeyHeader:   getenv("KEY_HEADER"),
+	}
+	var err error
+	if c.Workers, err = strconv.Atoi(or("WORKERS", "4")); err != nil || c.Workers < 1 {
+		return c, fmt.Errorf("WORKERS=%q: want a positive integer", getenv("WORKERS"))
+	}
+	if c.PurgeEvery, err = time.ParseDuration(or("PURGE_EVERY", "1h")); err != nil || c.PurgeEvery <= 0 {
+		return c, fmt.Errorf("PURGE_EVERY=%q: want a positive duration such as 1h", getenv("PURGE_EVERY"))
+	}
+	return c, nil
+}
+
+func main() {
+	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	cfg, err := configFromEnv(os.Getenv)
+	if err != nil {
+		logger.Error("config", "err", err)
+		os.Exit(2)
+	}
+	cfg.Logger = logger
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg); err != nil {
+		logger.Error("nats-consumer stopped", "err", err)
+		os.Exit(1)
+	}
+}
