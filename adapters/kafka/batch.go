@@ -43,8 +43,9 @@ func (r *Runner) handleBatch(ctx context.Context, msgs []kafka.Message) bool {
 		case ctx.Err() != nil:
 			return false
 		case herr != nil:
+			at := msgs[max(failedAt, 0)]
 			r.cfg.Logger.WarnContext(ctx, "dedupekafka: handler failed in batch; handling the batch one message at a time",
-				"topic", msgs[failedAt].Topic, "partition", msgs[failedAt].Partition, "offset", msgs[failedAt].Offset, "err", herr)
+				"topic", at.Topic, "partition", at.Partition, "offset", at.Offset, "err", herr)
 			return r.fallback(ctx, msgs, failedAt, herr)
 		case errors.Is(err, dedupe.ErrRetryable) && try < batchTxRetries:
 			continue
@@ -73,8 +74,9 @@ func (r *Runner) fallback(ctx context.Context, msgs []kafka.Message, failedAt in
 	return true
 }
 
-// batchTx runs one batch transaction. It returns the index and error of the
-// first failing handler, or a database error; on either nothing committed.
+// batchTx runs one batch transaction. It returns the index (-1 for a batch
+// handler) and error of the first failing handler, or a database error; on
+// either nothing committed.
 func (r *Runner) batchTx(ctx context.Context, msgs []kafka.Message, keys []dedupe.Key) (failedAt int, herr, err error) {
 	tx, err := r.inbox.DB().BeginTx(ctx, pgx.TxOptions{IsoLevel: r.cfg.IsoLevel})
 	if err != nil {
@@ -87,17 +89,11 @@ func (r *Runner) batchTx(ctx context.Context, msgs []kafka.Message, keys []dedup
 		return -1, nil, err
 	}
 	var handled, dups int64
-	var giveUp []int
+	var giveUp, fresh []int
 	for n, c := range claims {
 		switch c.Outcome {
 		case dedupe.OutcomeClaimed:
-			if err := r.run(dedupe.ContextWithClaim(ctx, c), tx, msgs[n]); err != nil {
-				if retryable(err) {
-					return -1, nil, fmt.Errorf("%w: %w", dedupe.ErrRetryable, err)
-				}
-				return n, err, nil
-			}
-			handled++
+			fresh = append(fresh, n)
 		case dedupe.OutcomeDuplicate:
 			dups++
 		case dedupe.OutcomePoisoned, dedupe.OutcomeConflict:
@@ -105,6 +101,29 @@ func (r *Runner) batchTx(ctx context.Context, msgs []kafka.Message, keys []dedup
 		default:
 			return -1, nil, errBatchInFlight
 		}
+	}
+	if r.handler != nil {
+		for _, n := range fresh {
+			if err := r.run(dedupe.ContextWithClaim(ctx, claims[n]), tx, msgs[n]); err != nil {
+				if retryable(err) {
+					return -1, nil, fmt.Errorf("%w: %w", dedupe.ErrRetryable, err)
+				}
+				return n, err, nil
+			}
+			handled++
+		}
+	} else if len(fresh) > 0 {
+		batch := make([]kafka.Message, len(fresh))
+		for k, n := range fresh {
+			batch[k] = msgs[n]
+		}
+		if err := r.runBatch(ctx, tx, batch); err != nil {
+			if retryable(err) {
+				return -1, nil, fmt.Errorf("%w: %w", dedupe.ErrRetryable, err)
+			}
+			return -1, err, nil
+		}
+		handled = int64(len(fresh))
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return -1, nil, err
@@ -128,6 +147,16 @@ func (r *Runner) run(ctx context.Context, tx pgx.Tx, msg kafka.Message) (err err
 		}
 	}()
 	return r.handler(ctx, tx, msg)
+}
+
+// runBatch calls the batch handler, turning a panic into a *dedupe.PanicError.
+func (r *Runner) runBatch(ctx context.Context, tx pgx.Tx, msgs []kafka.Message) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &dedupe.PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return r.batchH(ctx, tx, msgs)
 }
 
 // retryable reports a serialization failure or deadlock, after which the

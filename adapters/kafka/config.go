@@ -13,11 +13,12 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultBatchSize       = 1
-	DefaultLinger          = 5 * time.Millisecond
-	DefaultRetryBackoff    = 100 * time.Millisecond
-	DefaultMaxRetryBackoff = 5 * time.Second
-	DefaultCommitTimeout   = 10 * time.Second
+	DefaultBatchSize        = 1
+	DefaultBatchHandlerSize = 100
+	DefaultLinger           = 5 * time.Millisecond
+	DefaultRetryBackoff     = 100 * time.Millisecond
+	DefaultMaxRetryBackoff  = 5 * time.Second
+	DefaultCommitTimeout    = 10 * time.Second
 )
 
 // DefaultKeyHeaders are the headers looked up, in order, for a message's key.
@@ -28,6 +29,14 @@ var DefaultKeyHeaders = []string{"Idempotency-Key", "message-id"}
 // messages of its batch). Write the effects through tx. Return an error to roll
 // back; wrap it with dedupe.Permanent when retrying cannot help.
 type HandlerFunc = dedupe.HandlerFunc[kafka.Message]
+
+// BatchHandlerFunc processes the new messages of one batch (of one
+// partition, in offset order) inside tx, the transaction that holds their
+// claims, so that it can write all their effects with a few statements (an
+// unnest insert, COPY). Duplicates of the batch are left out. If it fails,
+// the batch is rolled back and each of its messages is handled again alone,
+// with a one-message slice, in its own transaction.
+type BatchHandlerFunc func(ctx context.Context, tx pgx.Tx, msgs []kafka.Message) error
 
 // Reader is the part of *kafka.Reader the Runner uses. Pass a *kafka.Reader
 // configured with a GroupID; the interface lets a caller wrap it (metrics,

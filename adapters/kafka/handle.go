@@ -19,6 +19,9 @@ func (r *Runner) consumerHandler(ctx context.Context, tx pgx.Tx, msg kafka.Messa
 	if err, ok := ctx.Value(failedInBatchKey{}).(error); ok {
 		return err
 	}
+	if r.handler == nil {
+		return r.batchH(ctx, tx, []kafka.Message{msg})
+	}
 	return r.handler(ctx, tx, msg)
 }
 

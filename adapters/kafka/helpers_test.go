@@ -188,12 +188,25 @@ type member struct {
 // and stops it at cleanup.
 func (b *bundle) start(t *testing.T, cfg dedupekafka.Config, h dedupekafka.HandlerFunc, wrap ...func(dedupekafka.Reader) dedupekafka.Reader) *member {
 	t.Helper()
+	return b.startWith(t, func(rd dedupekafka.Reader) (*dedupekafka.Runner, error) { return dedupekafka.New(b.inbox, rd, cfg, h) }, wrap...)
+}
+
+// startBatch is start for a batch handler (NewBatch).
+func (b *bundle) startBatch(t *testing.T, cfg dedupekafka.Config, h dedupekafka.BatchHandlerFunc) *member {
+	t.Helper()
+	return b.startWith(t, func(rd dedupekafka.Reader) (*dedupekafka.Runner, error) {
+		return dedupekafka.NewBatch(b.inbox, rd, cfg, h)
+	})
+}
+
+func (b *bundle) startWith(t *testing.T, build func(dedupekafka.Reader) (*dedupekafka.Runner, error), wrap ...func(dedupekafka.Reader) dedupekafka.Reader) *member {
+	t.Helper()
 	reader := newReader(b.brokers, b.group, b.topic)
 	var rd dedupekafka.Reader = reader
 	for _, w := range wrap {
 		rd = w(rd)
 	}
-	runner, err := dedupekafka.New(b.inbox, rd, cfg, h)
+	runner, err := build(rd)
 	if err != nil {
 		_ = reader.Close()
 		t.Fatalf("new runner: %v", err)
@@ -248,4 +261,16 @@ func (b *bundle) waitDrained(t testing.TB, d time.Duration) {
 		last, lastErr = groupLag(ctx, b.brokers, b.group, b.topic)
 		return lastErr == nil && last == 0
 	})
+}
+
+// insertEffects is insertEffect for a whole batch, in one statement.
+func insertEffects(ctx context.Context, tx pgx.Tx, ms []kafka.Message) error {
+	ids, parts, offs, bodies := make([]string, len(ms)), make([]int32, len(ms)), make([]int64, len(ms)), make([][]byte, len(ms))
+	for n, m := range ms {
+		ids[n] = dedupekafka.KeyFromHeaders(m, dedupekafka.DefaultKeyHeaders...)
+		parts[n], offs[n], bodies[n] = int32(m.Partition), m.Offset, m.Value
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO effects (msg_id, part, off, body)
+		SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::bytea[])`, ids, parts, offs, bodies)
+	return err
 }

@@ -40,7 +40,8 @@ type Runner struct {
 	inbox    *dedupe.Inbox
 	reader   Reader
 	cfg      Config
-	handler  HandlerFunc
+	handler  HandlerFunc      // per-message handler (New), or nil
+	batchH   BatchHandlerFunc // batch handler (NewBatch), or nil
 	consumer *dedupe.Consumer[kafka.Message]
 	stats    stats
 	running  atomic.Bool
@@ -50,19 +51,37 @@ type Runner struct {
 // reader must have a GroupID (ErrNoGroup otherwise) and should not use
 // CommitInterval: the Runner commits offsets itself, after the database.
 func New(inbox *dedupe.Inbox, reader Reader, cfg Config, h HandlerFunc) (*Runner, error) {
+	if h == nil {
+		return nil, &dedupe.ConfigError{Field: "handler", Reason: "must not be nil"}
+	}
+	return newRunner(inbox, reader, cfg, h, nil)
+}
+
+// NewBatch returns a Runner in batch mode whose handler gets the new messages
+// of each batch together; see BatchHandlerFunc. Config.BatchSize defaults to
+// DefaultBatchHandlerSize.
+func NewBatch(inbox *dedupe.Inbox, reader Reader, cfg Config, h BatchHandlerFunc) (*Runner, error) {
+	if h == nil {
+		return nil, &dedupe.ConfigError{Field: "handler", Reason: "must not be nil"}
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = DefaultBatchHandlerSize
+	}
+	return newRunner(inbox, reader, cfg, nil, h)
+}
+
+func newRunner(inbox *dedupe.Inbox, reader Reader, cfg Config, h HandlerFunc, bh BatchHandlerFunc) (*Runner, error) {
 	switch {
 	case inbox == nil:
 		return nil, &dedupe.ConfigError{Field: "inbox", Reason: "must not be nil"}
 	case reader == nil:
 		return nil, &dedupe.ConfigError{Field: "reader", Reason: "must not be nil"}
-	case h == nil:
-		return nil, &dedupe.ConfigError{Field: "handler", Reason: "must not be nil"}
 	}
 	c, err := cfg.withDefaults(inbox, reader)
 	if err != nil {
 		return nil, err
 	}
-	r := &Runner{inbox: inbox, reader: reader, cfg: c, handler: h}
+	r := &Runner{inbox: inbox, reader: reader, cfg: c, handler: h, batchH: bh}
 	r.consumer, err = dedupe.NewConsumer(inbox, dedupe.ConsumerConfig[kafka.Message]{
 		Scope:       c.Scope,
 		Key:         r.keyID,

@@ -422,3 +422,49 @@ func TestKeyFromHeaders(t *testing.T) {
 		t.Errorf("empty header: %q", got)
 	}
 }
+
+// A batch handler that fails for a batch holding one bad message: the batch
+// is rolled back, every message is handled alone, the bad one is retried
+// until it succeeds, and every effect lands exactly once.
+func TestBatchHandlerFallback(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	var msgs []kafka.Message
+	for n := range 30 {
+		msgs = append(msgs, msg(fmt.Sprintf("b-%02d", n), "", nil))
+	}
+	b.produce(t, msgs...)
+	var bad atomic.Int32
+	var sizes sync.Map
+	m := b.startBatch(t, dedupekafka.Config{BatchSize: 30, Linger: 200 * time.Millisecond, RetryBackoff: 10 * time.Millisecond},
+		func(ctx context.Context, tx pgx.Tx, ms []kafka.Message) error {
+			sizes.Store(len(ms), true)
+			if err := insertEffects(ctx, tx, ms); err != nil {
+				return err
+			}
+			for _, m := range ms {
+				if string(m.Headers[0].Value) == "b-07" && bad.Add(1) <= 2 {
+					return errors.New("b-07 is not ready")
+				}
+			}
+			return nil
+		})
+	b.waitDrained(t, 30*time.Second)
+	if n := b.effects(t); n != 30 {
+		t.Fatalf("effects = %d, want 30", n)
+	}
+	if n := b.db.Count(t, "SELECT count(DISTINCT msg_id) FROM effects"); n != 30 {
+		t.Fatalf("distinct effects = %d, want 30", n)
+	}
+	// The batch failure cannot be pinned on one message and is not counted;
+	// the lone retry that failed is.
+	if n := b.db.Count(t, "SELECT attempts FROM dedupe_inbox WHERE key = 'b-07'"); n != 2 {
+		t.Fatalf("attempts of b-07 = %d, want 2", n)
+	}
+	if _, ok := sizes.Load(30); !ok {
+		t.Fatal("the handler never saw the whole batch")
+	}
+	if s := m.runner.Stats(); s.Fallbacks != 1 || s.Handled != 30 {
+		t.Fatalf("want one fallback and 30 handled: %+v", s)
+	}
+}

@@ -19,7 +19,9 @@ var suiteGroups atomic.Int64
 
 // transport describes the adapter to the shared suite, in per-message mode
 // (batch 1) or batch mode.
-func transport(name string, batch int) adaptertest.Transport {
+// With batchHandler the runner is built with NewBatch, its handler looping
+// over the batch.
+func transport(name string, batch int, batchHandler bool) adaptertest.Transport {
 	return adaptertest.Transport{
 		Name:     name,
 		Features: adaptertest.Features{Poison: true, OrderedPerKey: true},
@@ -34,13 +36,24 @@ func transport(name string, batch int) adaptertest.Transport {
 				},
 				Start: func(ctx context.Context, inbox *dedupe.Inbox, rc adaptertest.RunConfig, effect adaptertest.Effect) func() error {
 					reader := newReader(brokers, group, topic)
-					r, err := dedupekafka.New(inbox, reader, dedupekafka.Config{
-						BatchSize:    batch,
-						MaxAttempts:  rc.MaxAttempts,
-						RetryBackoff: 20 * time.Millisecond,
-					}, func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
+					cfg := dedupekafka.Config{BatchSize: batch, MaxAttempts: rc.MaxAttempts, RetryBackoff: 20 * time.Millisecond}
+					h := func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
 						return effect(ctx, tx, dedupekafka.KeyFromHeaders(m, dedupekafka.DefaultKeyHeaders...), m.Value)
-					})
+					}
+					var r *dedupekafka.Runner
+					var err error
+					if batchHandler {
+						r, err = dedupekafka.NewBatch(inbox, reader, cfg, func(ctx context.Context, tx pgx.Tx, ms []kafka.Message) error {
+							for _, m := range ms {
+								if err := h(ctx, tx, m); err != nil {
+									return err
+								}
+							}
+							return nil
+						})
+					} else {
+						r, err = dedupekafka.New(inbox, reader, cfg, h)
+					}
 					if err != nil {
 						_ = reader.Close()
 						return func() error { return err }
@@ -65,10 +78,15 @@ func transport(name string, batch int) adaptertest.Transport {
 
 func TestSuitePerMessage(t *testing.T) {
 	t.Parallel()
-	adaptertest.Run(t, transport("kafka-per-message", 1))
+	adaptertest.Run(t, transport("kafka-per-message", 1, false))
 }
 
 func TestSuiteBatch(t *testing.T) {
 	t.Parallel()
-	adaptertest.Run(t, transport("kafka-batch", 50))
+	adaptertest.Run(t, transport("kafka-batch", 50, false))
+}
+
+func TestSuiteBatchHandler(t *testing.T) {
+	t.Parallel()
+	adaptertest.Run(t, transport("kafka-batch-handler", 50, true))
 }
