@@ -80,7 +80,7 @@ func ParseStripeSignature(header string) (StripeSignature, error) {
 	if strings.TrimSpace(header) == "" {
 		return bad(ErrMissingSignature, "")
 	}
-	seen := 0
+	seen, badV1 := 0, 0
 	for item := range strings.SplitSeq(header, ",") {
 		k, val, ok := strings.Cut(item, "=")
 		if !ok {
@@ -102,7 +102,8 @@ func ParseStripeSignature(header string) (StripeSignature, error) {
 		case "v1":
 			mac, err := hex.DecodeString(strings.TrimSpace(val))
 			if err != nil || len(mac) != sha256.Size {
-				continue // as Stripe's libraries do: an undecodable v1 matches nothing
+				badV1++ // as Stripe's libraries do: an undecodable v1 matches nothing
+				continue
 			}
 			sig.V1 = append(sig.V1, mac)
 		}
@@ -110,6 +111,8 @@ func ParseStripeSignature(header string) (StripeSignature, error) {
 	switch {
 	case sig.RawTimestamp == "":
 		return bad(ErrMalformedSignature, "no t")
+	case len(sig.V1) == 0 && badV1 > 0:
+		return bad(ErrMalformedSignature, "v1 is not 64 hex digits")
 	case len(sig.V1) == 0:
 		return bad(ErrMissingSignature, "no v1 signature")
 	}

@@ -72,7 +72,7 @@ func TestStripeVerify(t *testing.T) {
 		"item without equals":   {"t=1,v1", stripeBody, webhook.ErrMalformedSignature},
 		"repeated t":            {"t=1,t=2,v1=" + strings.Repeat("00", 32), stripeBody, webhook.ErrMalformedSignature},
 		"sha256 of body only":   {"t=" + strconv.FormatInt(now.Unix(), 10) + ",v1=" + hex.EncodeToString(hmacSHA256([]byte("whsec_new"), body)), stripeBody, webhook.ErrSignatureMismatch},
-		"truncated signature":   {stripeHeader(now, body, "whsec_new")[:40], stripeBody, webhook.ErrMissingSignature},
+		"truncated signature":   {stripeHeader(now, body, "whsec_new")[:40], stripeBody, webhook.ErrMalformedSignature},
 		"negative t":            {"t=-5,v1=" + strings.Repeat("00", 32), stripeBody, webhook.ErrMalformedSignature},
 		"signature as v2 field": {strings.Replace(stripeHeader(now, body, "whsec_new"), "v1=", "v2=", 1), stripeBody, webhook.ErrMissingSignature},
 	}

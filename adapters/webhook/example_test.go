@@ -1,0 +1,241 @@
+package webhook_test
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/adapters/webhook"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
+)
+
+// exampleInbox connects to the test server (DATABASE_URL, else
+// 127.0.0.1:5432) in a fresh schema with an events table, and returns a
+// migrated inbox on it and the cleanup that drops the schema.
+func exampleInbox() (*dedupe.Inbox, *pgxpool.Pool, func()) {
+	ctx := context.Background()
+	base := os.Getenv("DATABASE_URL")
+	if base == "" {
+		base = dbtest.LocalURL
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	schema := "ex_" + hex.EncodeToString(b[:])
+	admin, err := pgx.Connect(ctx, base)
+	if err != nil {
+		panic(err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		panic(err)
+	}
+	u, _ := dbtest.WithSearchPath(base, schema)
+	cfg, err := pgxpool.ParseConfig(u)
+	if err != nil {
+		panic(err)
+	}
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		panic(err)
+	}
+	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+		panic(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE events (id text, type text)`); err != nil {
+		panic(err)
+	}
+	inbox, err := dedupe.New(pool, nil)
+	if err != nil {
+		panic(err)
+	}
+	return inbox, pool, func() {
+		pool.Close()
+		_, _ = admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
+		admin.Close(ctx)
+	}
+}
+
+// deliver posts body with header to h as a provider would.
+func deliver(h http.Handler, header http.Header, body string) string {
+	req := httptest.NewRequest(http.MethodPost, "/webhooks", strings.NewReader(body))
+	req.Header = header
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return strconv.Itoa(rec.Code) + " " + strings.TrimSpace(rec.Body.String())
+}
+
+// Stripe re-sends an event until it gets a 2xx; the second delivery is
+// answered 200 without running the handler again.
+func ExampleNewStripe() {
+	inbox, _, cleanup := exampleInbox()
+	defer cleanup()
+
+	h, err := webhook.NewStripe(inbox, webhook.StripeConfig{
+		Secrets: []string{"whsec_current", "whsec_previous"}, // rotation: both accepted
+		Config:  webhook.Config{Endpoint: "payments"},
+	}, func(ctx context.Context, tx pgx.Tx, ev webhook.Event) error {
+		var obj struct {
+			Data struct {
+				Object struct{ Amount int } `json:"object"`
+			} `json:"data"`
+		}
+		if err := ev.Decode(&obj); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO events VALUES ($1, $2)`, ev.ID, ev.Type)
+		return err
+	})
+	if err != nil {
+		panic(err)
+	}
+	// A server mounts it: mux.Handle("POST /webhooks/stripe", h)
+
+	body := `{"id":"evt_1","type":"payment_intent.succeeded","data":{"object":{"amount":1900}}}`
+	ts := strconv.FormatInt(time.Now().Unix(), 10)
+	mac := hmac.New(sha256.New, []byte("whsec_current"))
+	mac.Write([]byte(ts + "." + body))
+	header := http.Header{"Stripe-Signature": {"t=" + ts + ",v1=" + hex.EncodeToString(mac.Sum(nil))}}
+
+	fmt.Println(deliver(h, header, body))
+	fmt.Println(deliver(h, header, body))
+	forged := hmac.New(sha256.New, []byte("whsec_guessed"))
+	forged.Write([]byte(ts + "." + body))
+	fmt.Println(deliver(h, http.Header{"Stripe-Signature": {"t=" + ts + ",v1=" + hex.EncodeToString(forged.Sum(nil))}}, body))
+	// Output:
+	// 200 processed
+	// 200 duplicate
+	// 400 invalid signature
+}
+
+// GitHub's delivery id is the key; its event type comes in a header.
+func ExampleNewGitHub() {
+	inbox, pool, cleanup := exampleInbox()
+	defer cleanup()
+
+	h, err := webhook.NewGitHub(inbox, webhook.GitHubConfig{Secrets: []string{"gh-secret"}},
+		func(ctx context.Context, tx pgx.Tx, ev webhook.Event) error {
+			_, err := tx.Exec(ctx, `INSERT INTO events VALUES ($1, $2)`, ev.ID, ev.Type)
+			return err
+		})
+	if err != nil {
+		panic(err)
+	}
+	body := `{"ref":"refs/heads/main"}`
+	mac := hmac.New(sha256.New, []byte("gh-secret"))
+	mac.Write([]byte(body))
+	header := http.Header{
+		"X-Hub-Signature-256": {"sha256=" + hex.EncodeToString(mac.Sum(nil))},
+		"X-Github-Delivery":   {"72d3162e-cc78-11e3-81ab-4c9367dc0958"},
+		"X-Github-Event":      {"push"},
+	}
+	fmt.Println(deliver(h, header, body))
+	fmt.Println(deliver(h, header, body)) // "Redeliver" in GitHub's settings
+
+	var n int
+	_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM events WHERE type = 'push'`).Scan(&n)
+	fmt.Println("rows:", n)
+	// Output:
+	// 200 processed
+	// 200 duplicate
+	// rows: 1
+}
+
+// Standard Webhooks (Svix and others) sign "<id>.<timestamp>.<body>" with
+// the base64 key of a whsec_ secret.
+func ExampleNewStandard() {
+	inbox, _, cleanup := exampleInbox()
+	defer cleanup()
+
+	secret := "whsec_" + base64.StdEncoding.EncodeToString([]byte("a 24-byte example key..."))
+	h, err := webhook.NewStandard(inbox, webhook.StandardConfig{Secrets: []string{secret}},
+		func(ctx context.Context, tx pgx.Tx, ev webhook.Event) error {
+			_, err := tx.Exec(ctx, `INSERT INTO events VALUES ($1, $2)`, ev.ID, ev.Type)
+			return err
+		})
+	if err != nil {
+		panic(err)
+	}
+	body := `{"type":"user.created","data":{"id":"u_1"}}`
+	sign := func(ts time.Time) http.Header {
+		t := strconv.FormatInt(ts.Unix(), 10)
+		key, _ := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
+		mac := hmac.New(sha256.New, key)
+		mac.Write([]byte("msg_1." + t + "." + body))
+		return http.Header{"Webhook-Id": {"msg_1"}, "Webhook-Timestamp": {t},
+			"Webhook-Signature": {"v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))}}
+	}
+	fmt.Println(deliver(h, sign(time.Now().Add(-10*time.Minute)), body)) // a replay
+	fmt.Println(deliver(h, sign(time.Now()), body))
+	fmt.Println(deliver(h, sign(time.Now()), body))
+	// Output:
+	// 400 timestamp outside tolerance
+	// 200 processed
+	// 200 duplicate
+}
+
+// A sender with its own scheme: base64 HMAC-SHA256 in X-Acme-Signature, the
+// event id in the JSON body, and OnError to see why deliveries were refused.
+func ExampleNewHMAC() {
+	inbox, _, cleanup := exampleInbox()
+	defer cleanup()
+
+	h, err := webhook.NewHMAC(inbox, webhook.HMACConfig{
+		HMACVerifier: webhook.HMACVerifier{
+			Name:            "acme",
+			Secrets:         []string{"acme-secret"},
+			SignatureHeader: "X-Acme-Signature",
+			Encoding:        webhook.EncodingBase64,
+			IDField:         "event.id",
+			TypeField:       "event.type",
+		},
+		Config: webhook.Config{OnError: func(r *http.Request, status int, err error) {
+			var se *webhook.SignatureError
+			if errors.As(err, &se) {
+				fmt.Println("refused:", se.Header, errors.Is(err, webhook.ErrSignatureMismatch))
+			}
+		}},
+	}, func(ctx context.Context, tx pgx.Tx, ev webhook.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO events VALUES ($1, $2)`, ev.ID, ev.Type)
+		return err
+	})
+	if err != nil {
+		panic(err)
+	}
+	body := `{"event":{"id":"ev_42","type":"order.paid"}}`
+	mac := hmac.New(sha256.New, []byte("acme-secret"))
+	mac.Write([]byte(body))
+	good := http.Header{"X-Acme-Signature": {base64.StdEncoding.EncodeToString(mac.Sum(nil))}}
+	fmt.Println(deliver(h, good, body))
+	fmt.Println(deliver(h, good, strings.Replace(body, "paid", "refunded", 1)))
+	// Output:
+	// 200 processed
+	// refused: X-Acme-Signature true
+	// 400 invalid signature
+}
+
+// Parsing a Stripe-Signature header on its own, e.g. to log which scheme a
+// sender used.
+func ExampleParseStripeSignature() {
+	sig, err := webhook.ParseStripeSignature("t=1492774577,v1=5257a869e7ecebeda32affa62cdca3fa51cad7e77a0e56ff536d0ce8e108d8bd,v0=6ffbb59b")
+	fmt.Println(sig.Timestamp.UTC(), len(sig.V1), err)
+	_, err = webhook.ParseStripeSignature("v1=5257a869")
+	fmt.Println(errors.Is(err, webhook.ErrMalformedSignature))
+	// Output:
+	// 2017-04-21 11:36:17 +0000 UTC 1 <nil>
+	// true
+}
