@@ -122,6 +122,7 @@ func (r *Runner) Run(ctx context.Context) error {
 
 // pull feeds msgs from it until ctx is cancelled or it closes.
 func (r *Runner) pull(ctx context.Context, it jetstream.MessagesContext, msgs chan<- jetstream.Msg) error {
+	var last error // the error that preceded a close (consumer deleted, ...)
 	for {
 		msg, err := it.Next(jetstream.NextContext(ctx))
 		if ctx.Err() != nil {
@@ -132,9 +133,11 @@ func (r *Runner) pull(ctx context.Context, it jetstream.MessagesContext, msgs ch
 		}
 		if err != nil {
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return fmt.Errorf("%w: %w", ErrIteratorClosed, err)
+				return fmt.Errorf("%w: %w", ErrIteratorClosed, errors.Join(err, last))
 			}
-			// Missing heartbeats and the like: the iterator recovers.
+			// Missing heartbeats and the like: the iterator recovers; a
+			// terminal error closes it and the next call says so.
+			last = err
 			r.cfg.Logger.WarnContext(ctx, "dedupenats: pull", "scope", r.cfg.Scope, "err", err)
 			select {
 			case <-ctx.Done():

@@ -145,9 +145,14 @@ func TestStoppedBetweenCommitAndAckRedeliveredAsDuplicate(t *testing.T) {
 	var c1 dedupenats.Counters
 	r1 := newRunner(t, b, cons1, fastConfig(&c1), handler)
 	ctx1, cancel1 := context.WithCancel(context.Background())
-	var once sync.Once
+	var (
+		once               sync.Once
+		committedAtAckTime atomic.Int64
+	)
 	dedupenats.SetBeforeAck(r1, func(jetstream.Msg) {
 		once.Do(func() {
+			// Seen from another connection: the effect committed before the ack.
+			committedAtAckTime.Store(int64(b.effects(t)))
 			cancel1()
 			nc1.Close()
 		})
@@ -168,6 +173,9 @@ func TestStoppedBetweenCommitAndAckRedeliveredAsDuplicate(t *testing.T) {
 	}
 	if n := b.unacked(t); n != 1 {
 		t.Fatalf("unacked after the crash = %d, want 1", n)
+	}
+	if n := committedAtAckTime.Load(); n != 1 {
+		t.Fatalf("effects visible when the ack was about to be sent = %d, want 1 (ack only after commit)", n)
 	}
 
 	// A second process gets the redelivery after AckWait and acks it as a
@@ -459,5 +467,49 @@ func TestNewValidatesConfig(t *testing.T) {
 	}
 	if got := r.Config(); got.Workers != 4 || got.Heartbeat != time.Second/3 || got.MaxPending != 4 {
 		t.Fatalf("defaults = workers %d, heartbeat %v, pending %d", got.Workers, got.Heartbeat, got.MaxPending)
+	}
+}
+
+func TestConcurrentDuplicateInFlightNakedWithDelay(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	var (
+		c      dedupenats.Counters
+		mu     sync.Mutex
+		delays []time.Duration
+		runs   atomic.Int64
+	)
+	cfg := fastConfig(nil)
+	cfg.LockTimeout = 50 * time.Millisecond
+	cfg.InFlightDelay = 150 * time.Millisecond
+	cfg.Metrics = dedupenats.Tee(&c, dedupenats.MetricsFunc(func(_ context.Context, e dedupenats.Event) {
+		if e.Kind == dedupenats.KindInFlight {
+			mu.Lock()
+			delays = append(delays, e.Delay)
+			mu.Unlock()
+		}
+	}))
+	run(t, newRunner(t, b, b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+		runs.Add(1)
+		time.Sleep(400 * time.Millisecond) // hold the claim's row lock
+		return insertEffect(ctx, tx, msg)
+	}))
+	b.publish(t, "order-1", "x")
+	b.publish(t, "order-1", "x")
+	waitFor(t, 10*time.Second, "both copies acked", func() bool {
+		return c.Processed.Load() == 1 && c.Duplicates.Load() == 1 && b.unacked(t) == 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(delays) == 0 {
+		t.Fatal("the concurrent copy was never reported in flight")
+	}
+	for _, d := range delays {
+		if d != 150*time.Millisecond {
+			t.Fatalf("in-flight nak delay = %v, want InFlightDelay", d)
+		}
+	}
+	if n := b.effects(t); n != 1 || runs.Load() != 1 {
+		t.Fatalf("effects = %d, runs = %d; want 1 and 1", n, runs.Load())
 	}
 }
