@@ -43,9 +43,12 @@ func (r *Runner) handleBatch(ctx context.Context, msgs []kafka.Message) bool {
 		case ctx.Err() != nil:
 			return false
 		case herr != nil:
-			at := msgs[max(failedAt, 0)]
+			first, last := msgs[0], msgs[len(msgs)-1]
+			if failedAt >= 0 {
+				first, last = msgs[failedAt], msgs[failedAt]
+			}
 			r.cfg.Logger.WarnContext(ctx, "dedupekafka: handler failed in batch; handling the batch one message at a time",
-				"topic", at.Topic, "partition", at.Partition, "offset", at.Offset, "err", herr)
+				"topic", first.Topic, "partition", first.Partition, "offsets", fmt.Sprintf("%d-%d", first.Offset, last.Offset), "err", herr)
 			return r.fallback(ctx, msgs, failedAt, herr)
 		case errors.Is(err, dedupe.ErrRetryable) && try < batchTxRetries:
 			continue
