@@ -1,6 +1,7 @@
 package dedupenats
 
 import (
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -40,8 +41,10 @@ type Config struct {
 	// soon).
 	LockTimeout time.Duration
 	// MaxAttempts is how many failed attempts a message gets before it is
-	// poison and terminated. Defaults to the inbox's Config.MaxAttempts;
-	// negative means no limit.
+	// poison, terminated and recorded as failed. Defaults to the inbox's
+	// Config.MaxAttempts, or to the consumer's MaxDeliver when that is lower
+	// (so the last delivery JetStream makes is the one that records the
+	// failure); negative means no limit. It must not exceed MaxDeliver.
 	MaxAttempts int
 	// Workers is the number of messages handled concurrently. Defaults to 4.
 	Workers int
@@ -80,7 +83,16 @@ func (c *Config) withDefaults(inbox *dedupe.Inbox, ci *jetstream.ConsumerInfo) (
 		out = *c
 	}
 	ackWait := DefaultAckWait
+	maxDeliver := -1
 	if ci != nil {
+		if ci.Config.AckPolicy != jetstream.AckExplicitPolicy {
+			// AckAll would acknowledge messages other workers have not
+			// committed yet; AckNone loses every message that fails.
+			return out, &dedupe.ConfigError{Field: "consumer", Reason: "AckPolicy must be AckExplicitPolicy, not " + ci.Config.AckPolicy.String()}
+		}
+		if ci.Config.MaxDeliver > 0 {
+			maxDeliver = ci.Config.MaxDeliver
+		}
 		if ci.Config.AckWait > 0 {
 			ackWait = ci.Config.AckWait
 		}
@@ -89,6 +101,16 @@ func (c *Config) withDefaults(inbox *dedupe.Inbox, ci *jetstream.ConsumerInfo) (
 		}
 		if out.Scope == "" {
 			out.Scope = ci.Name
+		}
+	}
+	if maxDeliver > 0 {
+		inboxMax := inbox.Config().MaxAttempts
+		switch {
+		case out.MaxAttempts == 0 && (inboxMax < 0 || inboxMax > maxDeliver):
+			out.MaxAttempts = maxDeliver
+		case out.MaxAttempts < 0 || out.MaxAttempts > maxDeliver:
+			return out, &dedupe.ConfigError{Field: "MaxAttempts", Reason: fmt.Sprintf(
+				"must not exceed the consumer's MaxDeliver (%d): JetStream would stop delivering before the key is marked failed", maxDeliver)}
 		}
 	}
 	if out.Key == nil {

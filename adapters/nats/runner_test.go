@@ -513,3 +513,62 @@ func TestConcurrentDuplicateInFlightNakedWithDelay(t *testing.T) {
 		t.Fatalf("effects = %d, runs = %d; want 1 and 1", n, runs.Load())
 	}
 }
+
+func TestConsumerSettingsThatBreakTheGuarantee(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx := context.Background()
+	// AckAll would acknowledge messages other workers have not committed.
+	_, err := dedupenats.Open(ctx, b.inbox, b.js, streamName,
+		jetstream.ConsumerConfig{Durable: "ackall", AckPolicy: jetstream.AckAllPolicy}, insertEffect, nil)
+	if !errors.Is(err, dedupe.ErrInvalidConfig) {
+		t.Fatalf("Open with AckAll: err = %v, want ErrInvalidConfig", err)
+	}
+	cons, err := b.js.CreateOrUpdateConsumer(ctx, streamName, jetstream.ConsumerConfig{Durable: "ackall", AckPolicy: jetstream.AckAllPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dedupenats.New(b.inbox, cons, insertEffect, nil); !errors.Is(err, dedupe.ErrInvalidConfig) {
+		t.Fatalf("New with an AckAll consumer: err = %v, want ErrInvalidConfig", err)
+	}
+	if _, err := dedupenats.Open(ctx, b.inbox, b.js, streamName, jetstream.ConsumerConfig{}, insertEffect, nil); !errors.Is(err, dedupe.ErrInvalidConfig) {
+		t.Fatalf("Open without a durable: err = %v, want ErrInvalidConfig", err)
+	}
+
+	// MaxDeliver below the inbox's attempts: the runner terminates on the
+	// last delivery JetStream makes, so the failure is recorded.
+	r, err := dedupenats.Open(ctx, b.inbox, b.js, streamName,
+		jetstream.ConsumerConfig{Durable: "capped", MaxDeliver: 2}, insertEffect, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Config().MaxAttempts; got != 2 {
+		t.Fatalf("MaxAttempts = %d, want MaxDeliver 2", got)
+	}
+	if _, err := dedupenats.Open(ctx, b.inbox, b.js, streamName, jetstream.ConsumerConfig{Durable: "capped", MaxDeliver: 2},
+		insertEffect, &dedupenats.Config{MaxAttempts: 5}); !errors.Is(err, dedupe.ErrInvalidConfig) {
+		t.Fatalf("MaxAttempts above MaxDeliver: err = %v, want ErrInvalidConfig", err)
+	}
+}
+
+func TestMaxDeliverPoisonRecordedOnLastDelivery(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	var c dedupenats.Counters
+	cfg := fastConfig(&c)
+	r, err := dedupenats.Open(context.Background(), b.inbox, b.js, streamName,
+		jetstream.ConsumerConfig{Durable: "capped", FilterSubject: "orders.created", MaxDeliver: 3, AckWait: 2 * time.Second},
+		func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error { return errors.New("always fails") }, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, r)
+	b.publish(t, "doomed", "x")
+	waitFor(t, 10*time.Second, "the message terminated", func() bool { return c.Terminated.Load() == 1 })
+	if n := b.db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE key = 'doomed' AND state = 'failed' AND attempts = 3"); n != 1 {
+		t.Fatal("the poison key was not recorded as failed after MaxDeliver attempts")
+	}
+	if c.Retries.Load() != 2 {
+		t.Fatalf("retries = %d, want 2", c.Retries.Load())
+	}
+}
