@@ -94,3 +94,38 @@ func ExampleCounters() {
 	log.Printf("processed %d, duplicates absorbed %d, terminated %d",
 		counts.Processed.Load(), counts.Duplicates.Load(), counts.Terminated.Load())
 }
+
+// Describing the durable instead of holding one: Open creates or updates it.
+func ExampleOpen() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	inbox, err := dedupe.New(pool, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	nc, err := nats.Connect(nats.DefaultURL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		log.Fatal(err)
+	}
+	r, err := dedupenats.Open(ctx, inbox, js, "ORDERS", jetstream.ConsumerConfig{
+		Durable:       "invoicing",
+		FilterSubject: "orders.paid",
+		MaxDeliver:    20, // the runner terminates and records the 20th failure
+	}, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+		_, err := tx.Exec(ctx, "INSERT INTO invoices (order_id) VALUES ($1)", msg.Headers().Get("Order-Id"))
+		return err
+	}, &dedupenats.Config{Key: dedupenats.HeaderKey("Order-Id")})
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Fatal(r.Run(ctx))
+}
