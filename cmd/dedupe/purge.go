@@ -33,7 +33,7 @@ that arrives after its key was purged is processed again.`,
 		flags: func(fs *flag.FlagSet) any {
 			p := &purgeFlags{}
 			fs.DurationVar(&p.olderThan, "older-than", 0, "delete keys expired at least this `duration` ago. Defaults to 0 (every expired key).")
-			fs.IntVar(&p.batchSize, "batch-size", dedupe.DefaultPurgeBatchSize, "rows deleted per statement. Defaults to 1000.")
+			fs.IntVar(&p.batchSize, "batch-size", dedupe.DefaultPurgeBatchSize, "rows deleted per statement.")
 			return p
 		},
 		run: runPurge,

@@ -86,14 +86,14 @@ With --json, run's own report is one JSON object on stderr (stdout is CMD's).`,
 		flags: func(fs *flag.FlagSet) any {
 			f := &runFlags{}
 			f.register(fs)
-			fs.DurationVar(&f.lease, "lease", dedupe.DefaultLease, "how long the claim is held without renewal; a dead run's key is taken over after it. Defaults to 30s.")
+			fs.DurationVar(&f.lease, "lease", dedupe.DefaultLease, "how long the claim is held without renewal; a dead run's key is taken over after it.")
 			fs.DurationVar(&f.heartbeat, "heartbeat", 0, "how often the lease is renewed while CMD runs. Defaults to a third of --lease.")
-			fs.DurationVar(&f.killAfter, "kill-after", defaultKillAfter, "how long CMD may take to exit after SIGTERM before SIGKILL. Defaults to 10s.")
-			fs.DurationVar(&f.retention, "retention", dedupe.DefaultRetention, "how long the key is kept after its last write (then 'dedupe purge' may delete it and a later run would run again). Defaults to 168h.")
-			fs.IntVar(&f.maxAttempts, "max-attempts", dedupe.DefaultMaxAttempts, "failed runs before the key is marked failed; negative for no limit. Defaults to 10.")
-			fs.StringVar(&f.onFailure, "on-failure", onFailureRelease, "what a non-zero exit does to the key: release, complete or poison. Defaults to release.")
-			fs.IntVar(&f.tail, "tail", defaultRunTail, "`bytes` of CMD's output (stdout and stderr, interleaved) stored with the key. Defaults to 4096.")
-			fs.BoolVar(&f.fingerprint, "fingerprint", true, "store a hash of CMD and ARGS with the key and refuse the key with another command. Defaults to true.")
+			fs.DurationVar(&f.killAfter, "kill-after", defaultKillAfter, "how long CMD may take to exit after SIGTERM before SIGKILL.")
+			fs.DurationVar(&f.retention, "retention", dedupe.DefaultRetention, "how long the key is kept after its last write (then 'dedupe purge' may delete it and a later run would run again).")
+			fs.IntVar(&f.maxAttempts, "max-attempts", dedupe.DefaultMaxAttempts, "failed runs before the key is marked failed; negative for no limit.")
+			fs.StringVar(&f.onFailure, "on-failure", onFailureRelease, "what a non-zero exit does to the key: release, complete or poison.")
+			fs.IntVar(&f.tail, "tail", defaultRunTail, "`bytes` of CMD's output (stdout and stderr, interleaved) stored with the key.")
+			fs.BoolVar(&f.fingerprint, "fingerprint", true, "store a hash of CMD and ARGS with the key and refuse the key with another command.")
 			return f
 		},
 		rawArgs: true,
