@@ -35,7 +35,18 @@ import (
 )
 
 // Runner consumes a reader's partitions with exactly-once effects. Build it
-// with New and call Run once.
+// with New or NewBatch and call Run once.
+//
+// One fetch loop feeds a worker per partition. kafka-go delivers every
+// partition through one stream, so a partition that waits to retry a failing
+// message holds the others back once its buffer (2×BatchSize, at least 16
+// messages) is full. After a rebalance a worker may still finish and commit
+// messages of a partition it lost; such a late commit can only move the
+// group's offset back, which causes redeliveries that the inbox absorbs.
+//
+// In batch mode with a per-message HandlerFunc, Claim.SetResult is not
+// stored (the core has no exported call to store a result inside a
+// transactional claim's transaction); per-message mode stores it.
 type Runner struct {
 	inbox    *dedupe.Inbox
 	reader   Reader

@@ -468,3 +468,31 @@ func TestBatchHandlerFallback(t *testing.T) {
 		t.Fatalf("want one fallback and 30 handled: %+v", s)
 	}
 }
+
+// The same key with another payload (fingerprint) is a producer bug: it is
+// not handled and not answered with the first result, but given up and
+// dead-lettered, whether it arrives in the same batch or a later one.
+func TestFingerprintConflictDeadLettered(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []int{1, 10} {
+		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 1)
+			dlq := newWriter(t, b.brokers, "orders.dlq", 1)
+			b.produce(t, msg("k1", "", []byte("pay 10")), msg("k2", "", []byte("pay 2")),
+				msg("k1", "", []byte("pay 99")), msg("k1", "", []byte("pay 10")))
+			m := b.start(t, dedupekafka.Config{BatchSize: batch, Linger: 100 * time.Millisecond, DeadLetter: dlq,
+				Fingerprint: func(m kafka.Message) []byte { return m.Value }}, insertEffect)
+			b.waitDrained(t, 30*time.Second)
+			if n := b.effects(t); n != 2 {
+				t.Fatalf("effects = %d, want 2", n)
+			}
+			if n := b.db.Count(t, "SELECT count(*) FROM effects WHERE msg_id = 'k1' AND body = 'pay 10'"); n != 1 {
+				t.Fatalf("k1 effects with the first payload = %d, want 1", n)
+			}
+			if s := m.runner.Stats(); s.GivenUp != 1 || s.DeadLettered != 1 || s.Duplicates != 1 {
+				t.Fatalf("want one conflict dead-lettered and one duplicate: %+v", s)
+			}
+		})
+	}
+}
