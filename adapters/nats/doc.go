@@ -18,7 +18,9 @@
 //   - a concurrent attempt holds the key: NakWithDelay(Config.InFlightDelay);
 //   - poison (max attempts reached, or the handler returned
 //     dedupe.Permanent), a key reused with another payload, or a message
-//     without a usable key: Term, and the key is recorded as failed;
+//     without a usable key: Term. A poison key is recorded as failed in the
+//     inbox (an operator may Release it); every termination is reported to
+//     Metrics, which logs it at error level by default;
 //   - database unavailable: NakWithDelay with Config.Backoff;
 //   - shutdown while in flight: rolled back and Nak so another consumer
 //     takes it at once. Uncommitted work is never acknowledged.
