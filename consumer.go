@@ -100,7 +100,7 @@ func (c *Consumer[M]) Inbox() *Inbox { return c.inbox }
 func (c *Consumer[M]) KeyOf(msg M) (Key, error) {
 	id, err := c.cfg.Key(msg)
 	if err != nil {
-		return Key{}, fmt.Errorf("dedupe: extract key: %w", err)
+		return Key{}, fmt.Errorf("%w: %w", ErrNoKey, err)
 	}
 	k := Key{Scope: c.cfg.Scope, ID: id}
 	if c.cfg.Fingerprint != nil {
@@ -122,10 +122,13 @@ func (c *Consumer[M]) KeyOf(msg M) (Key, error) {
 //   - OutcomePoisoned, ErrPoisoned: the attempts are used up or the error was
 //     Permanent; the key is marked failed; stop redelivering.
 //   - OutcomeInFlight, ErrInFlight: a concurrent attempt holds the key;
-//     redeliver later.
+//     redeliver later. In this transactional mode it happens only with
+//     ConsumerConfig.LockTimeout set (otherwise a concurrent duplicate waits
+//     for the first transaction to end), or when a leased claim of the same
+//     key is live.
 //   - OutcomeConflict, ErrConflict: the key was used with another payload.
-//   - 0, any other error: the key was invalid or the database failed; nothing
-//     committed.
+//   - 0, ErrInvalidKey or ErrNoKey: the message has no usable key.
+//   - 0, any other error: the database failed; nothing committed.
 func (c *Consumer[M]) Handle(ctx context.Context, msg M) (Outcome, error) {
 	key, err := c.KeyOf(msg)
 	if err != nil {

@@ -22,6 +22,10 @@ var (
 	// not valid UTF-8.
 	ErrKeyInvalidChar = errors.New("dedupe: key holds an invalid character")
 
+	// ErrNoKey: the key function of a Consumer could not extract a key from
+	// the message. The message can never be deduplicated; treat it as poison.
+	ErrNoKey = errors.New("dedupe: message has no usable key")
+
 	// ErrInFlight: another attempt holds the key right now (a live lease, or
 	// a concurrent transaction that did not finish within the lock timeout).
 	// Retry later; nothing was recorded against the key.
