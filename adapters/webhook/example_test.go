@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -238,4 +239,60 @@ func ExampleParseStripeSignature() {
 	// Output:
 	// 2017-04-21 11:36:17 +0000 UTC 1 <nil>
 	// true
+}
+
+// slackVerifier is a Verifier for a provider the package does not know:
+// Slack signs "v0:<timestamp>:<body>" and puts the event id in the body.
+type slackVerifier struct{ secret string }
+
+func (slackVerifier) Provider() string { return "slack" }
+
+func (v slackVerifier) Verify(h http.Header, body []byte, now time.Time) (webhook.Event, error) {
+	ts := h.Get("X-Slack-Request-Timestamp")
+	mac := hmac.New(sha256.New, []byte(v.secret))
+	mac.Write([]byte("v0:" + ts + ":" + string(body)))
+	got, _ := hex.DecodeString(strings.TrimPrefix(h.Get("X-Slack-Signature"), "v0="))
+	if !hmac.Equal(got, mac.Sum(nil)) {
+		return webhook.Event{}, &webhook.SignatureError{Provider: "slack", Header: "X-Slack-Signature", Reason: webhook.ErrSignatureMismatch}
+	}
+	sec, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil || now.Sub(time.Unix(sec, 0)).Abs() > 5*time.Minute {
+		return webhook.Event{}, &webhook.SignatureError{Provider: "slack", Header: "X-Slack-Request-Timestamp", Reason: webhook.ErrStaleTimestamp}
+	}
+	var ev struct {
+		EventID string                `json:"event_id"`
+		Event   struct{ Type string } `json:"event"`
+	}
+	if err := json.Unmarshal(body, &ev); err != nil || ev.EventID == "" {
+		return webhook.Event{}, &webhook.EventError{Provider: "slack", Field: "event_id", Reason: "missing"}
+	}
+	return webhook.Event{ID: ev.EventID, Type: ev.Event.Type, Timestamp: time.Unix(sec, 0)}, nil
+}
+
+// New takes any Verifier; the handler keeps the same responses and the
+// same exactly-once claim.
+func ExampleNew() {
+	inbox, _, cleanup := exampleInbox()
+	defer cleanup()
+
+	h, err := webhook.New(inbox, slackVerifier{secret: "slack-signing-secret"}, webhook.Config{Endpoint: "workspace-1"},
+		func(ctx context.Context, tx pgx.Tx, ev webhook.Event) error {
+			_, err := tx.Exec(ctx, `INSERT INTO events VALUES ($1, $2)`, ev.ID, ev.Type)
+			return err
+		})
+	if err != nil {
+		panic(err)
+	}
+	body := `{"event_id":"Ev08MFMKH6","event":{"type":"app_mention"}}`
+	ts := strconv.FormatInt(time.Now().Unix(), 10)
+	mac := hmac.New(sha256.New, []byte("slack-signing-secret"))
+	mac.Write([]byte("v0:" + ts + ":" + body))
+	header := http.Header{"X-Slack-Request-Timestamp": {ts}, "X-Slack-Signature": {"v0=" + hex.EncodeToString(mac.Sum(nil))}}
+	fmt.Println(h.Scope())
+	fmt.Println(deliver(h, header, body))
+	fmt.Println(deliver(h, header, body))
+	// Output:
+	// webhook:slack:workspace-1
+	// 200 processed
+	// 200 duplicate
 }

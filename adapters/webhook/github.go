@@ -1,14 +1,11 @@
 package webhook
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/dedupe"
 )
@@ -33,7 +30,7 @@ type GitHubConfig struct {
 // X-GitHub-Delivery id (which a redelivery keeps) and runs h with the
 // X-GitHub-Event type. GitHub signs no timestamp, so there is no tolerance.
 // See New for the responses.
-func NewGitHub(inbox *dedupe.Inbox, cfg GitHubConfig, h func(ctx context.Context, tx pgx.Tx, ev Event) error) (*Handler, error) {
+func NewGitHub(inbox *dedupe.Inbox, cfg GitHubConfig, h dedupe.HandlerFunc[Event]) (*Handler, error) {
 	return New(inbox, &GitHubVerifier{Secrets: cfg.Secrets}, cfg.Config, h)
 }
 

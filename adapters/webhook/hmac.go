@@ -1,7 +1,6 @@
 package webhook
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -9,8 +8,6 @@ import (
 	"net/http"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/dedupe"
 )
@@ -34,7 +31,7 @@ type HMACConfig struct {
 // NewHMAC returns a Handler for a sender that signs with a plain HMAC in a
 // header of its choosing; see HMACVerifier for what is configurable and New
 // for the responses.
-func NewHMAC(inbox *dedupe.Inbox, cfg HMACConfig, h func(ctx context.Context, tx pgx.Tx, ev Event) error) (*Handler, error) {
+func NewHMAC(inbox *dedupe.Inbox, cfg HMACConfig, h dedupe.HandlerFunc[Event]) (*Handler, error) {
 	v := cfg.HMACVerifier
 	return New(inbox, &v, cfg.Config, h)
 }

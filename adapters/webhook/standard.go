@@ -1,14 +1,11 @@
 package webhook
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"net/http"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/dedupe"
 )
@@ -40,7 +37,7 @@ type StandardConfig struct {
 // over "<webhook-id>.<webhook-timestamp>.<body>", then claims webhook-id and
 // runs h with the body's JSON "type" if it has one. See New for the
 // responses.
-func NewStandard(inbox *dedupe.Inbox, cfg StandardConfig, h func(ctx context.Context, tx pgx.Tx, ev Event) error) (*Handler, error) {
+func NewStandard(inbox *dedupe.Inbox, cfg StandardConfig, h dedupe.HandlerFunc[Event]) (*Handler, error) {
 	return New(inbox, &StandardVerifier{Secrets: cfg.Secrets, Tolerance: cfg.Tolerance}, cfg.Config, h)
 }
 

@@ -1,15 +1,12 @@
 package webhook
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"net/http"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/dedupe"
 )
@@ -32,7 +29,7 @@ type StripeConfig struct {
 // NewStripe returns a Handler for Stripe's webhooks: it verifies
 // Stripe-Signature (t=…,v1=…) over the raw body, then claims the event's
 // JSON "id" and runs h with its "type". See New for the responses.
-func NewStripe(inbox *dedupe.Inbox, cfg StripeConfig, h func(ctx context.Context, tx pgx.Tx, ev Event) error) (*Handler, error) {
+func NewStripe(inbox *dedupe.Inbox, cfg StripeConfig, h dedupe.HandlerFunc[Event]) (*Handler, error) {
 	return New(inbox, &StripeVerifier{Secrets: cfg.Secrets, Tolerance: cfg.Tolerance}, cfg.Config, h)
 }
 
