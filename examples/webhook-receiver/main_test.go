@@ -186,7 +186,9 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	defer cancel()
 	addrc := make(chan net.Addr, 1)
 	errc := make(chan error, 1)
-	go func() { errc <- run(ctx, func(k string) string { return env[k] }, quiet, func(a net.Addr) { addrc <- a }) }()
+	go func() {
+		errc <- run(ctx, func(k string) string { return env[k] }, quiet, func(a net.Addr) { addrc <- a })
+	}()
 	var base string
 	select {
 	case a := <-addrc:
