@@ -90,3 +90,14 @@ func (s *soak) audit(ctx context.Context, e *env) (*report, error) {
 	}
 	return r, nil
 }
+
+// effectsComplete reports whether every unique input has at least one
+// effect, the condition for an external transport to be finished (the audit
+// then checks for exactly one).
+func (e *env) effectsComplete(ctx context.Context) (bool, error) {
+	var n int
+	if err := e.soak.admin.QueryRow(ctx, sqlDistinctEffects, e.name).Scan(&n); err != nil {
+		return false, err
+	}
+	return n >= len(e.soak.unique), nil
+}

@@ -27,10 +27,11 @@ const (
 	faultRedeliver                  // the broker delivers an acknowledged message again
 	faultAbandon                    // a leased holder dies: its lease must expire and be taken over
 	faultLate                       // a leased holder outlives its lease and completes late
+	faultStop                       // a consumer is stopped and started again
 	numFaults
 )
 
-var faultNames = [numFaults]string{"errors", "panics", "terminated", "killed", "redelivered", "abandoned", "late"}
+var faultNames = [numFaults]string{"errors", "panics", "terminated", "killed", "redelivered", "abandoned", "late", "stopped"}
 
 // errInjected is the error a faulty handler returns.
 var errInjected = errors.New("soak: injected handler failure")

@@ -27,6 +27,7 @@ type options struct {
 	kills      int
 	lease      time.Duration
 	redelivery time.Duration
+	restart    time.Duration
 	timeout    time.Duration
 	keep       bool
 	verbose    bool
@@ -55,6 +56,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.kills, "kills", 5, "SIGKILLs of the worker subprocess per transport at most (0: no subprocess)")
 	fs.DurationVar(&o.lease, "lease", 300*time.Millisecond, "lease of the leased transport")
 	fs.DurationVar(&o.redelivery, "redelivery", 20*time.Millisecond, "delay before a nacked message is delivered again")
+	fs.DurationVar(&o.restart, "restart-every", 700*time.Millisecond, "NATS, Kafka, webhook: stop and restart an in-process consumer about this often (0: never)")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "the whole soak stops after this and fails")
 	fs.BoolVar(&o.keep, "keep", false, "keep the soak's schema for inspection instead of dropping it")
 	fs.BoolVar(&o.verbose, "v", false, "log the consumers' warnings and the faults")

@@ -188,3 +188,24 @@ func (p *naiveProcessor) process(ctx context.Context, d delivery, inTx func()) b
 	})
 	return err == nil
 }
+
+// faultyHandler is the handler of the external transports: it writes the
+// effect of the claimed key, calls observe, and then fails or panics at
+// random.
+func faultyHandler[M any](e *env, observe func(M)) dedupe.HandlerFunc[M] {
+	return func(ctx context.Context, tx pgx.Tx, msg M) error {
+		if observe != nil {
+			observe(msg)
+		}
+		if err := effect(ctx, tx, e.name, dedupe.ClaimFromContext(ctx).Key.ID); err != nil {
+			return err
+		}
+		switch {
+		case e.faults.hit(faultError):
+			return errInjected
+		case e.faults.hit(faultPanic):
+			panic("soak: injected panic")
+		}
+		return nil
+	}
+}

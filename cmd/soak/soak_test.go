@@ -101,6 +101,39 @@ func TestSoakWithFaultsExactlyOneEffectEach(t *testing.T) {
 	}
 }
 
+func TestSoakExternalTransportsWithFaults(t *testing.T) {
+	t.Parallel()
+	code, lines := runSoak(t, "-n", "400", "-dup", "0.3", "-seed", "43", "-workers", "3",
+		"-transports", "nats,kafka,kafka-batch,webhook",
+		"-error-rate", "0.05", "-panic-rate", "0.03", "-redeliver-rate", "0.05",
+		"-kill-rate", "0.3", "-kills", "1", "-restart-every", "400ms",
+		"-terminate-every", "30ms", "-timeout", "50s")
+	if code != exitOK {
+		t.Fatalf("exit code = %d, want 0", code)
+	}
+	want := map[string][]string{
+		"nats":        {"errors", "panics", "killed", "stopped"},
+		"kafka":       {"errors", "panics", "killed", "stopped"},
+		"kafka-batch": {"errors", "killed", "stopped"},
+		"webhook":     {"errors", "panics", "killed", "stopped", "redelivered"},
+	}
+	for tr, kinds := range want {
+		f, ok := lines[tr]
+		if !ok {
+			t.Fatalf("no report line for %s", tr)
+		}
+		if f["result"] != "ok" || atoi(t, f, "missing") != 0 || atoi(t, f, "duplicated") != 0 ||
+			atoi(t, f, "stuck") != 0 || atoi(t, f, "effects") != atoi(t, f, "unique") {
+			t.Errorf("%s: %v", tr, f)
+		}
+		for _, k := range kinds {
+			if atoi(t, f, k) == 0 {
+				t.Errorf("%s: no %s fault fired: %v", tr, k, f)
+			}
+		}
+	}
+}
+
 // TestSoakCatchesNaiveConsumer proves the audit can fail: a consumer that
 // writes effects without claiming keys duplicates them, and the soak says so.
 func TestSoakCatchesNaiveConsumer(t *testing.T) {

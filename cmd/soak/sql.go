@@ -40,3 +40,7 @@ WHERE application_name LIKE $1 AND application_name <> $2 AND pid <> pg_backend_
 
 // sqlInsertEffects records the effects of a batch. $1 transport, $2 ids.
 const sqlInsertEffects = `INSERT INTO soak_effects (transport, msg_id) SELECT $1, unnest($2::text[])`
+
+// sqlDistinctEffects counts the inputs of a transport that have an effect.
+// $1 transport.
+const sqlDistinctEffects = `SELECT count(DISTINCT msg_id) FROM soak_effects WHERE transport = $1`

@@ -20,6 +20,8 @@ type transport struct {
 	// proc is the processor of a transport that runs on the soak's broker
 	// (runBrokered); the worker subprocess builds it too.
 	proc processorFactory
+	// child is the worker subprocess of an external transport.
+	child func(ctx context.Context, e *env, fl *childFlags, say func(verb, arg string)) error
 	// soakedByDefault: part of the default -transports list.
 	soakedByDefault bool
 }
@@ -29,6 +31,10 @@ var transports = []transport{
 	{name: "handle", proc: newHandleProcessor, soakedByDefault: true},
 	{name: "leased", proc: newLeasedProcessor, soakedByDefault: true},
 	{name: "batch", run: runBatch, soakedByDefault: true},
+	{name: "nats", run: runNATS, child: natsChild, soakedByDefault: true},
+	{name: "kafka", run: runKafka(1), child: kafkaChild, soakedByDefault: true},
+	{name: "kafka-batch", run: runKafka(50), child: kafkaChild, soakedByDefault: true},
+	{name: "webhook", run: runWebhook, child: webhookChild, soakedByDefault: true},
 	// naive writes its effects without the inbox: the audit must catch it.
 	{name: "naive", proc: newNaiveProcessor},
 }

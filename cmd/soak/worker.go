@@ -163,16 +163,28 @@ func workerMain(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	fs.StringVar(&name, "transport", "handle", "the transport whose processor to run")
 	fs.StringVar(&app, "app", "dedupe-soak-worker", "application_name of the connections")
 	fs.DurationVar(&o.lease, "lease", 300*time.Millisecond, "lease of the leased transport")
+	var fl childFlags
+	fl.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return exitError
 	}
 	tr, ok := lookupTransport(name)
-	if !ok || tr.proc == nil || schema == "" {
+	if !ok || (tr.proc == nil && tr.child == nil) || schema == "" {
 		fmt.Fprintf(stderr, "soak worker: bad arguments %q\n", args)
 		return exitError
 	}
 	s := &soak{opts: o, schema: schema, log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))}
 	e := &env{soak: s, name: name, scope: "soak-" + name, app: app, faults: newFaults(0, [numFaults]float64{})}
+	if tr.child != nil {
+		err := childMain(stdin, stdout, func(ctx context.Context, say func(verb, arg string)) error {
+			return tr.child(ctx, e, &fl, say)
+		})
+		if err != nil {
+			fmt.Fprintln(stderr, "soak worker:", err)
+			return exitError
+		}
+		return exitOK
+	}
 	pool, err := e.consumerPool(ctx, workerWindow)
 	if err != nil {
 		fmt.Fprintln(stderr, "soak worker:", err)

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/exactlyonce/dedupe"
+	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
+	"github.com/exactlyonce/dedupe/internal/natstest"
+)
+
+// The soak's JetStream names.
+const (
+	natsStream  = "SOAK"
+	natsSubject = "soak.orders"
+	natsDurable = "soak"
+	natsIDHdr   = "Order-Id"
+	// natsAckWait is short so that the messages a killed worker held are
+	// redelivered soon.
+	natsAckWait = 2 * time.Second
+)
+
+// runNATS soaks the JetStream runner: an in-process nats-server, every
+// input published with a fresh Nats-Msg-Id (so JetStream keeps the
+// duplicates) and its id in the Order-Id header, two in-process runners on
+// one durable consumer (one of them stopped and restarted at random) and a
+// worker subprocess on the same durable that is killed mid-transaction.
+func runNATS(ctx context.Context, e *env, inputs []string) error {
+	dir, err := os.MkdirTemp("", "dedupe-soak-nats-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	srv, err := natstest.Start(dir)
+	if err != nil {
+		return err
+	}
+	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: natsStream, Subjects: []string{natsSubject}}); err != nil {
+		return fmt.Errorf("create stream: %w", err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, natsStream, jetstream.ConsumerConfig{
+		Durable: natsDurable, AckPolicy: jetstream.AckExplicitPolicy, AckWait: natsAckWait, MaxDeliver: -1,
+	})
+	if err != nil {
+		return fmt.Errorf("create consumer: %w", err)
+	}
+	o := e.soak.opts
+	pool, err := e.consumerPool(ctx, int32(o.workers)*2+1)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	inbox, err := dedupe.New(pool, soakConfig(e))
+	if err != nil {
+		return err
+	}
+	handler := faultyHandler(e, func(msg jetstream.Msg) {
+		if md, err := msg.Metadata(); err == nil && md.NumDelivered > 1 {
+			e.faults.add(faultRedeliver)
+		}
+	})
+	return runExternal(ctx, e, external{
+		consumers: 2,
+		consume: func(ctx context.Context, _ int) error {
+			r, err := dedupenats.New(inbox, cons, handler, natsConfig(e.scope, o.workers))
+			if err != nil {
+				return err
+			}
+			return r.Run(ctx)
+		},
+		childArgs: []string{"-nats-url", srv.ClientURL()},
+		feed: func(ctx context.Context) error {
+			for i, id := range inputs {
+				m := nats.NewMsg(natsSubject)
+				m.Header.Set(jetstream.MsgIDHeader, "p-"+strconv.Itoa(i))
+				m.Header.Set(natsIDHdr, id)
+				m.Data = []byte(id)
+				if _, err := js.PublishMsgAsync(m); err != nil {
+					return fmt.Errorf("publish: %w", err)
+				}
+			}
+			select {
+			case <-js.PublishAsyncComplete():
+				return nil
+			case <-ctx.Done():
+				return nil
+			}
+		},
+		done: func(ctx context.Context) (bool, error) {
+			ci, err := cons.Info(ctx)
+			if err != nil {
+				return false, err
+			}
+			if ci.NumPending+uint64(ci.NumAckPending) > 0 || ci.Delivered.Stream < uint64(len(inputs)) {
+				return false, nil
+			}
+			return e.effectsComplete(ctx)
+		},
+	})
+}
+
+// natsConfig is the runners' configuration: the business key from the
+// Order-Id header, short delays.
+func natsConfig(scope string, workers int) *dedupenats.Config {
+	return &dedupenats.Config{
+		Scope:         scope,
+		Key:           dedupenats.HeaderKey(natsIDHdr),
+		Workers:       workers,
+		Backoff:       func(int) time.Duration { return 20 * time.Millisecond },
+		InFlightDelay: 50 * time.Millisecond,
+		Heartbeat:     natsAckWait / 4,
+		DrainTimeout:  2 * time.Second,
+		Metrics:       dedupenats.MetricsFunc(func(context.Context, dedupenats.Event) {}),
+	}
+}
+
+// natsChild is the NATS worker subprocess: one runner on the soak's durable.
+func natsChild(ctx context.Context, e *env, fl *childFlags, say func(verb, arg string)) error {
+	nc, err := nats.Connect(fl.natsURL)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	cons, err := js.Consumer(ctx, natsStream, natsDurable)
+	if err != nil {
+		return err
+	}
+	pool, err := e.consumerPool(ctx, 3)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	inbox, err := dedupe.New(pool, soakConfig(e))
+	if err != nil {
+		return err
+	}
+	r, err := dedupenats.New(inbox, cons, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+		id := dedupe.ClaimFromContext(ctx).Key.ID
+		if err := effect(ctx, tx, e.name, id); err != nil {
+			return err
+		}
+		say("tx", id)
+		time.Sleep(inTxPause)
+		return nil
+	}, natsConfig(e.scope, 2))
+	if err != nil {
+		return err
+	}
+	return r.Run(ctx)
+}
+
+// childFlags are the transport flags of a worker subprocess.
+type childFlags struct {
+	natsURL      string
+	kafkaBrokers string
+	kafkaBatch   int
+	webhookAddr  string
+}
+
+func (c *childFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.natsURL, "nats-url", "", "NATS server of the nats transport")
+	fs.StringVar(&c.kafkaBrokers, "kafka-brokers", "", "Kafka brokers of the kafka transport")
+	fs.IntVar(&c.kafkaBatch, "kafka-batch", 1, "batch size of the kafka transport")
+	fs.StringVar(&c.webhookAddr, "webhook-addr", "127.0.0.1:0", "listen address of the webhook transport")
+}

@@ -1,0 +1,215 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/adapters/webhook"
+)
+
+// webhookKey is the soak's Standard Webhooks signing key.
+var webhookKey = []byte("dedupe-soak-standard-webhooks-k!")
+
+// runWebhook soaks the Standard Webhooks receiver: senders post every input
+// (webhook-id = its id) to one of two in-process receivers or the receiver
+// subprocess, and re-send on anything but a 2xx, as providers do; with the
+// redelivery fault they re-send an accepted event once more. One in-process
+// receiver is closed abruptly at random (its requests in flight are cut) and
+// restarted; the subprocess is killed mid-transaction.
+func runWebhook(ctx context.Context, e *env, inputs []string) error {
+	o := e.soak.opts
+	pool, err := e.consumerPool(ctx, int32(o.workers)*3+1)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	inbox, err := dedupe.New(pool, soakConfig(e))
+	if err != nil {
+		return err
+	}
+	h, err := newWebhookHandler(inbox, e, faultyHandler[webhook.Event](e, nil))
+	if err != nil {
+		return err
+	}
+	var (
+		targets   [3]atomic.Pointer[string] // two in-process receivers, the child
+		delivered atomic.Bool
+	)
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: o.workers}}
+	defer client.CloseIdleConnections()
+	return runExternal(ctx, e, external{
+		consumers: 2,
+		consume: func(ctx context.Context, n int) error {
+			return serveWebhook(ctx, "127.0.0.1:0", h, func(addr string) { targets[n].Store(&addr) })
+		},
+		childArgs: []string{},
+		onChildLine: func(verb, arg string) {
+			if verb == "addr" {
+				targets[2].Store(&arg)
+			}
+		},
+		feed: func(ctx context.Context) error {
+			err := sendAll(ctx, e, client, inputs, func() string {
+				for {
+					if t := targets[e.faults.intn(len(targets))].Load(); t != nil {
+						return *t
+					}
+					if ctx.Err() != nil {
+						return ""
+					}
+					time.Sleep(time.Millisecond)
+				}
+			})
+			if err == nil {
+				delivered.Store(true)
+			}
+			return err
+		},
+		done: func(ctx context.Context) (bool, error) {
+			if !delivered.Load() {
+				return false, nil
+			}
+			return e.effectsComplete(ctx)
+		},
+	})
+}
+
+func newWebhookHandler(inbox *dedupe.Inbox, e *env, h dedupe.HandlerFunc[webhook.Event]) (*webhook.Handler, error) {
+	return webhook.NewStandard(inbox, webhook.StandardConfig{
+		Secrets: []string{"whsec_" + base64.StdEncoding.EncodeToString(webhookKey)},
+		Config: webhook.Config{
+			Endpoint:    e.scope,
+			LockTimeout: 2 * time.Second,
+			RetryAfter:  time.Second,
+			Logger:      e.soak.log,
+			OnError:     func(*http.Request, int, error) {},
+		},
+	}, h)
+}
+
+// serveWebhook serves h on addr until ctx ends, then closes the server
+// abruptly: requests in flight are cut off, as when a process stops.
+func serveWebhook(ctx context.Context, addr string, h http.Handler, listening func(addr string)) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	listening(ln.Addr().String())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		_ = srv.Close()
+		<-done
+		return nil
+	}
+}
+
+// sendAll posts every input with -workers senders until each got a 2xx.
+func sendAll(ctx context.Context, e *env, client *http.Client, inputs []string, target func() string) error {
+	work := make(chan string)
+	var wg sync.WaitGroup
+	for range e.soak.opts.workers {
+		wg.Go(func() {
+			for id := range work {
+				for resend := true; resend; {
+					if !deliverWebhook(ctx, e, client, id, target) {
+						return
+					}
+					resend = e.faults.hit(faultRedeliver)
+				}
+			}
+		})
+	}
+	for _, id := range inputs {
+		select {
+		case work <- id:
+		case <-ctx.Done():
+		}
+	}
+	close(work)
+	wg.Wait()
+	return nil
+}
+
+// deliverWebhook posts one event until a receiver accepts it; false when ctx
+// ended first.
+func deliverWebhook(ctx context.Context, e *env, client *http.Client, id string, target func() string) bool {
+	body := []byte(`{"type":"order.paid","data":{"order":"` + id + `"}}`)
+	for ctx.Err() == nil {
+		addr := target()
+		if addr == "" {
+			return false
+		}
+		ts := strconv.FormatInt(time.Now().Unix(), 10)
+		m := hmac.New(sha256.New, webhookKey)
+		fmt.Fprintf(m, "%s.%s.%s", id, ts, body)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/hook", bytes.NewReader(body))
+		if err != nil {
+			return false
+		}
+		req.Header.Set(webhook.StandardIDHeader, id)
+		req.Header.Set(webhook.StandardTimestampHeader, ts)
+		req.Header.Set(webhook.StandardSignatureHeader, "v1,"+base64.StdEncoding.EncodeToString(m.Sum(nil)))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode/100 == 2 {
+				return true
+			}
+			if resp.StatusCode/100 == 4 {
+				e.soak.log.Error("soak: webhook refused", "id", id, "status", resp.StatusCode)
+			}
+		}
+		sleepCtx(ctx, 10*time.Millisecond)
+	}
+	return false
+}
+
+// webhookChild is the webhook receiver subprocess: it reports its address,
+// then serves until stopped.
+func webhookChild(ctx context.Context, e *env, fl *childFlags, say func(verb, arg string)) error {
+	pool, err := e.consumerPool(ctx, 4)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	inbox, err := dedupe.New(pool, soakConfig(e))
+	if err != nil {
+		return err
+	}
+	h, err := newWebhookHandler(inbox, e, func(ctx context.Context, tx pgx.Tx, ev webhook.Event) error {
+		if err := effect(ctx, tx, e.name, ev.ID); err != nil {
+			return err
+		}
+		say("tx", ev.ID)
+		time.Sleep(inTxPause)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	err = serveWebhook(ctx, fl.webhookAddr, h, func(addr string) { say("addr", addr) })
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}
