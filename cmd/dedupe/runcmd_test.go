@@ -392,3 +392,40 @@ func derefOr(s *string) string {
 	}
 	return *s
 }
+
+// TestRunSIGTERMStopsCommandAndReleasesKey sends SIGTERM to a real dedupe
+// process, as a scheduler killing the task does.
+func TestRunSIGTERMStopsCommandAndReleasesKey(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.setSleep(t, 20*time.Second)
+	cmd := e.process(e.runArgs("terminated")...)
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	e.waitLines(t, "start", 1)
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	var err error
+	select {
+	case err = <-waited:
+	case <-time.After(15 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("dedupe did not stop after SIGTERM")
+	}
+	r := result{code: exitCodeOf(t, err), stderr: stderr.String()}
+	if rep := report(t, r); r.code != 128+int(syscall.SIGTERM) || rep.Recorded != "released" {
+		t.Fatalf("terminated run = %d %+v\n%s", r.code, rep, r.stderr)
+	}
+	if got := len(e.lines(t, "end")); got != 0 {
+		t.Fatal("the command finished despite SIGTERM")
+	}
+	if rec := e.inspect(t, "jobs", "terminated"); rec.State != "in_flight" || rec.Lease == "live" {
+		t.Fatalf("after SIGTERM: %+v, want released (in flight, lease expired)", rec)
+	}
+}
