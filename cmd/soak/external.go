@@ -54,7 +54,9 @@ func runExternal(ctx context.Context, e *env, x external) error {
 		}
 	)
 	for n := range x.consumers {
-		wg.Go(func() { record(restarting(wctx, e, n == 0, func(ctx context.Context) error { return x.consume(ctx, n) })) })
+		wg.Go(func() {
+			record(restarting(wctx, e, n == 0, func(ctx context.Context) error { return x.consume(ctx, n) }))
+		})
 	}
 	if x.childArgs != nil && o.kills > 0 {
 		wg.Go(func() { record(superviseChild(wctx, e, x.childArgs, x.onChildLine)) })
