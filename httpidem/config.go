@@ -1,0 +1,185 @@
+package httpidem
+
+import (
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/exactlyonce/dedupe"
+)
+
+// Defaults of Config.
+const (
+	DefaultHeader           = "Idempotency-Key"
+	DefaultTable            = "dedupe_http_keys"
+	DefaultLease            = 90 * time.Second
+	DefaultRetention        = 24 * time.Hour
+	DefaultTenant           = "default"
+	DefaultMaxRequestBytes  = 1 << 20
+	DefaultMaxResponseBytes = 1 << 20
+	// MaxKeyLen is the longest Idempotency-Key accepted, in characters.
+	MaxKeyLen = 255
+	// ReplayedHeader is set to "true" on every replayed response.
+	ReplayedHeader = "Idempotent-Replayed"
+)
+
+// DefaultMethods are the methods the middleware applies to by default.
+var DefaultMethods = []string{http.MethodPost, http.MethodPatch}
+
+// DefaultStoredHeaders are the response headers stored with a key and
+// replayed by default.
+var DefaultStoredHeaders = []string{"Content-Type", "Content-Encoding", "Content-Language", "Location", "ETag", "Last-Modified", "Link"}
+
+// ServerErrorPolicy says what happens to the key when the handler answers
+// 5xx or panics. Either way the handler's transaction is rolled back.
+type ServerErrorPolicy int
+
+const (
+	// StoreServerErrors stores the error response with the key, so a retry
+	// gets the same answer instead of a second execution (Stripe's
+	// behaviour). The default.
+	StoreServerErrors ServerErrorPolicy = iota
+	// RetryServerErrors releases the key, so a retry with the same key
+	// executes the handler again.
+	RetryServerErrors
+)
+
+// OversizePolicy says what happens when a response is larger than
+// Config.MaxResponseBytes.
+type OversizePolicy int
+
+const (
+	// OversizeRefuse rolls back the handler's transaction, releases the key
+	// and answers 500 (ErrResponseTooLarge): a response that cannot be
+	// replayed faithfully is never committed. The default.
+	OversizeRefuse OversizePolicy = iota
+	// OversizeStoreHead commits the handler's work, sends the full response
+	// to this client, and stores only its status and headers: replays carry
+	// an empty body with "Idempotent-Body-Omitted: true", and the client
+	// fetches the resource by reference (its Location header, for example).
+	OversizeStoreHead
+)
+
+// BodyOmittedHeader is set to "true" on a replay whose body was not stored
+// (OversizeStoreHead).
+const BodyOmittedHeader = "Idempotent-Body-Omitted"
+
+// Config configures the Middleware. The zero value is usable.
+type Config struct {
+	// Inbox configures the table that stores the keys. Its Table defaults
+	// to "dedupe_http_keys", its Lease (how long an in-flight key blocks
+	// retries) to 90s, its Retention (how long a key is replayed) to 24h and
+	// its MaxAttempts to no limit; its other fields default as in dedupe.
+	Inbox dedupe.Config
+	// Methods are the request methods the middleware applies to; others
+	// pass straight through. Defaults to POST and PATCH.
+	Methods []string
+	// Header is the request header holding the key. Defaults to
+	// "Idempotency-Key".
+	Header string
+	// KeyRequired makes a request without a key fail with 400. Defaults to
+	// false: such a request passes straight through. Override per route
+	// with Middleware.Required and Middleware.Optional.
+	KeyRequired bool
+	// Tenant returns the tenant of the request, set by the authentication
+	// middleware that runs before this one; keys are unique per (tenant,
+	// key). An error or "" answers 401 (ErrNoTenant) and nothing is
+	// recorded. Defaults to one tenant, "default", for all requests.
+	Tenant func(r *http.Request) (string, error)
+	// Fingerprint hashes the request; the same key with another fingerprint
+	// answers 422. body is the whole request body. Defaults to
+	// DefaultFingerprint (method, path, query and body); see
+	// FingerprintWithHeaders.
+	Fingerprint func(r *http.Request, body []byte) []byte
+	// MaxRequestBytes bounds the request body read for fingerprinting;
+	// larger bodies answer 413. Defaults to 1 MiB.
+	MaxRequestBytes int64
+	// MaxResponseBytes bounds the stored response body. Defaults to 1 MiB.
+	MaxResponseBytes int
+	// Oversize is the policy for responses over MaxResponseBytes. Defaults
+	// to OversizeRefuse.
+	Oversize OversizePolicy
+	// ServerErrors is the policy for 5xx answers and panics. Defaults to
+	// StoreServerErrors.
+	ServerErrors ServerErrorPolicy
+	// StoredHeaders are the response headers stored and replayed. Defaults
+	// to DefaultStoredHeaders.
+	StoredHeaders []string
+	// ErrorHandler writes the middleware's own refusals. Defaults to
+	// WriteError (application/problem+json).
+	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
+	// Logger receives the middleware's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) withDefaults() (Config, error) {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	if out.Inbox.Table == "" {
+		out.Inbox.Table = DefaultTable
+	}
+	if out.Inbox.Lease == 0 {
+		out.Inbox.Lease = DefaultLease
+	}
+	if out.Inbox.Retention == 0 {
+		out.Inbox.Retention = DefaultRetention
+	}
+	if out.Inbox.MaxAttempts == 0 {
+		out.Inbox.MaxAttempts = -1
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	if out.Inbox.Logger == nil {
+		out.Inbox.Logger = out.Logger
+	}
+	if len(out.Methods) == 0 {
+		out.Methods = DefaultMethods
+	}
+	out.Methods = slices.Clone(out.Methods)
+	for i, m := range out.Methods {
+		out.Methods[i] = strings.ToUpper(m)
+	}
+	if out.Header == "" {
+		out.Header = DefaultHeader
+	}
+	out.Header = http.CanonicalHeaderKey(out.Header)
+	if out.Tenant == nil {
+		out.Tenant = func(*http.Request) (string, error) { return DefaultTenant, nil }
+	}
+	if out.Fingerprint == nil {
+		out.Fingerprint = DefaultFingerprint
+	}
+	if out.MaxRequestBytes == 0 {
+		out.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	if out.MaxResponseBytes == 0 {
+		out.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if out.StoredHeaders == nil {
+		out.StoredHeaders = DefaultStoredHeaders
+	}
+	stored := make([]string, len(out.StoredHeaders))
+	for i, h := range out.StoredHeaders {
+		stored[i] = http.CanonicalHeaderKey(h)
+	}
+	out.StoredHeaders = stored
+	if out.ErrorHandler == nil {
+		out.ErrorHandler = WriteError
+	}
+	switch {
+	case out.MaxRequestBytes < 0:
+		return out, &ConfigError{Field: "MaxRequestBytes", Reason: "must be positive"}
+	case out.MaxResponseBytes < 0:
+		return out, &ConfigError{Field: "MaxResponseBytes", Reason: "must be positive"}
+	case out.Oversize != OversizeRefuse && out.Oversize != OversizeStoreHead:
+		return out, &ConfigError{Field: "Oversize", Reason: "unknown policy"}
+	case out.ServerErrors != StoreServerErrors && out.ServerErrors != RetryServerErrors:
+		return out, &ConfigError{Field: "ServerErrors", Reason: "unknown policy"}
+	}
+	return out, nil
+}

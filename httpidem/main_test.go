@@ -1,0 +1,223 @@
+package httpidem_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/exactlyonce/dedupe/httpidem"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
+)
+
+func TestMain(m *testing.M) { dbtest.VerifyTestMain(m) }
+
+// order is the test handler's request body; its flags inject faults.
+type order struct {
+	CartID     string `json:"cart_id"`
+	TotalCents int    `json:"total_cents"`
+	Fail       bool   `json:"fail,omitempty"`  // insert, then answer 500
+	Panic      bool   `json:"panic,omitempty"` // insert, then panic
+	Block      bool   `json:"block,omitempty"` // insert, then wait on bundle.unblock
+	Kill       bool   `json:"kill,omitempty"`  // once per bundle: insert, then pg_terminate_backend the tx's connection
+	Big        int    `json:"big,omitempty"`   // pad the response with this many bytes
+}
+
+type created struct {
+	ID  int64  `json:"id"`
+	Pad string `json:"pad,omitempty"`
+}
+
+// bundle is what setup gives each test.
+type bundle struct {
+	db      *dbtest.DB
+	mw      *httpidem.Middleware
+	clock   *dbtest.Clock
+	handler http.Handler // the middleware around the orders handler
+	calls   atomic.Int64 // how often the orders handler ran
+	killed  atomic.Bool
+	blocked chan struct{}
+	unblock chan struct{}
+}
+
+// setup migrates a fresh schema with an orders table and returns the
+// middleware (tenant from X-Tenant-ID, clock under the test's control)
+// around a transactional orders handler.
+func setup(t testing.TB, cfg ...httpidem.Config) *bundle {
+	t.Helper()
+	db := dbtest.New(t, dbtest.Options{MaxConns: 6})
+	clock := dbtest.NewClock(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	var c httpidem.Config
+	if len(cfg) > 0 {
+		c = cfg[0]
+	}
+	if c.Inbox.Clock == nil {
+		c.Inbox.Clock = clock.Now
+	}
+	if c.Logger == nil {
+		c.Logger = testLogger(t)
+	}
+	if c.Tenant == nil {
+		c.Tenant = func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant-ID"), nil }
+	}
+	mw, err := httpidem.New(db.Pool, &c)
+	if err != nil {
+		t.Fatalf("new middleware: %v", err)
+	}
+	if err := mw.Migrate(context.Background()); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	db.Exec(t, `CREATE TABLE orders (id bigserial PRIMARY KEY, tenant_id text NOT NULL, cart_id text NOT NULL,
+		total_cents bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`)
+	b := &bundle{db: db, mw: mw, clock: clock, blocked: make(chan struct{}, 16), unblock: make(chan struct{})}
+	b.handler = mw.Handler(http.HandlerFunc(b.createOrder))
+	return b
+}
+
+// createOrder inserts an order through the request transaction.
+func (b *bundle) createOrder(w http.ResponseWriter, r *http.Request) {
+	b.calls.Add(1)
+	var in order
+	if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	tx, err := httpidem.Tx(r.Context())
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	var out created
+	if err := tx.QueryRow(r.Context(), `INSERT INTO orders (tenant_id, cart_id, total_cents) VALUES ($1, $2, $3) RETURNING id`,
+		r.Header.Get("X-Tenant-ID"), in.CartID, in.TotalCents).Scan(&out.ID); err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	switch {
+	case in.Fail:
+		http.Error(w, "payment provider down", http.StatusInternalServerError)
+		return
+	case in.Panic:
+		panic("handler bug")
+	case in.Block:
+		b.blocked <- struct{}{}
+		<-b.unblock
+	case in.Kill && b.killed.CompareAndSwap(false, true):
+		var pid uint32
+		if err := tx.QueryRow(r.Context(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if _, err := b.db.Pool.Exec(context.Background(), "SELECT pg_terminate_backend($1)", pid); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+	}
+	if err := tx.Commit(r.Context()); !errors.Is(err, httpidem.ErrTxManaged) {
+		http.Error(w, fmt.Sprintf("Commit returned %v, want ErrTxManaged", err), http.StatusInternalServerError)
+		return
+	}
+	if in.Big > 0 {
+		out.Pad = string(bytes.Repeat([]byte("x"), in.Big))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", "/orders/"+strconv.FormatInt(out.ID, 10))
+	w.Header().Set("X-Not-Stored", "1")
+	w.WriteHeader(http.StatusCreated)
+	_ = json.NewEncoder(w).Encode(out)
+}
+
+// reply is one answer as the tests look at it.
+type reply struct {
+	status   int
+	header   http.Header
+	body     []byte
+	replayed bool
+	id       int64
+}
+
+// post sends a POST /orders through the middleware (no network).
+func (b *bundle) post(t testing.TB, tenant, key string, in any) reply {
+	t.Helper()
+	payload, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest(http.MethodPost, "/orders", bytes.NewReader(payload))
+	if tenant != "" {
+		r.Header.Set("X-Tenant-ID", tenant)
+	}
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
+	w := httptest.NewRecorder()
+	b.handler.ServeHTTP(w, r)
+	return toReply(t, w.Result())
+}
+
+func toReply(t testing.TB, resp *http.Response) reply {
+	t.Helper()
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read body: %v", err)
+	}
+	rp := reply{status: resp.StatusCode, header: resp.Header, body: body, replayed: resp.Header.Get("Idempotent-Replayed") == "true"}
+	if resp.StatusCode == http.StatusCreated && len(body) > 0 {
+		var c created
+		if err := json.Unmarshal(body, &c); err != nil {
+			t.Fatalf("decode %q: %v", body, err)
+		}
+		rp.id = c.ID
+	}
+	return rp
+}
+
+func (b *bundle) orders(t testing.TB, tenant string) int {
+	t.Helper()
+	return b.db.Count(t, "SELECT count(*) FROM orders WHERE tenant_id = $1", tenant)
+}
+
+// testLogger sends the middleware's logs to the test's log, shown on
+// failure or with -v.
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type tWriter struct{ t testing.TB }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	line := string(p)
+	if i := strings.Index(line, " stack="); i > 0 {
+		line = line[:i] // the panic's stack is noise here
+	}
+	w.t.Log(strings.TrimSpace(line))
+	return len(p), nil
+}
+
+// together runs f in n goroutines released at the same instant and waits.
+func together(n int, f func(i int)) {
+	var start, done sync.WaitGroup
+	start.Add(1)
+	done.Add(n)
+	for i := range n {
+		go func() {
+			defer done.Done()
+			start.Wait()
+			f(i)
+		}()
+	}
+	start.Done()
+	done.Wait()
+}

@@ -1,0 +1,464 @@
+package httpidem_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/httpidem"
+)
+
+var cart = order{CartID: "cart-1", TotalCents: 1900}
+
+func TestConcurrentDuplicatesCreateOneOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 8
+	replies := make([]reply, n)
+	together(n, func(i int) { replies[i] = b.post(t, "acme", "key-concurrent", cart) })
+
+	if got := b.orders(t, "acme"); got != 1 {
+		t.Fatalf("orders = %d, want exactly 1", got)
+	}
+	if got := b.calls.Load(); got != 1 {
+		t.Fatalf("handler ran %d times, want 1", got)
+	}
+	var fresh, replayed, inFlight int
+	var id int64
+	for _, r := range replies {
+		switch {
+		case r.status == http.StatusCreated && !r.replayed:
+			fresh++
+		case r.status == http.StatusCreated && r.replayed:
+			replayed++
+		case r.status == http.StatusConflict:
+			inFlight++
+			if r.header.Get("Retry-After") == "" {
+				t.Errorf("409 without Retry-After")
+			}
+			continue
+		default:
+			t.Fatalf("unexpected answer %d %s", r.status, r.body)
+		}
+		if id == 0 {
+			id = r.id
+		} else if r.id != id {
+			t.Fatalf("two different order ids: %d and %d", id, r.id)
+		}
+	}
+	if fresh != 1 || fresh+replayed+inFlight != n {
+		t.Fatalf("fresh 201 = %d, replayed 201 = %d, 409 = %d; want exactly one fresh 201", fresh, replayed, inFlight)
+	}
+	t.Logf("fresh %d, replayed %d, in flight %d", fresh, replayed, inFlight)
+}
+
+func TestReplayCarriesStoredResponse(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first := b.post(t, "acme", "key-replay", cart)
+	if first.status != http.StatusCreated || first.replayed {
+		t.Fatalf("first = %d replayed=%v, want fresh 201", first.status, first.replayed)
+	}
+	if first.header.Get("X-Not-Stored") != "1" {
+		t.Fatalf("first response lost a header: %v", first.header)
+	}
+	second := b.post(t, "acme", "key-replay", cart)
+	if second.status != http.StatusCreated || !second.replayed {
+		t.Fatalf("second = %d replayed=%v, want replayed 201", second.status, second.replayed)
+	}
+	if string(second.body) != string(first.body) || second.id != first.id {
+		t.Fatalf("replayed body %q, want %q", second.body, first.body)
+	}
+	for _, h := range []string{"Location", "Content-Type"} {
+		if second.header.Get(h) != first.header.Get(h) {
+			t.Errorf("replayed %s = %q, want %q", h, second.header.Get(h), first.header.Get(h))
+		}
+	}
+	if second.header.Get("X-Not-Stored") != "" {
+		t.Errorf("a header outside StoredHeaders was replayed")
+	}
+	if got := b.orders(t, "acme"); got != 1 {
+		t.Fatalf("orders = %d, want 1", got)
+	}
+}
+
+func TestSameKeyOtherRequestIs422(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if r := b.post(t, "acme", "key-422", cart); r.status != http.StatusCreated {
+		t.Fatalf("first = %d", r.status)
+	}
+	other := cart
+	other.TotalCents = 2500
+	r := b.post(t, "acme", "key-422", other)
+	if r.status != http.StatusUnprocessableEntity || r.replayed {
+		t.Fatalf("other body = %d replayed=%v %s, want 422", r.status, r.replayed, r.body)
+	}
+	// Another path with the same key and body is another request too.
+	req := httptest.NewRequest(http.MethodPost, "/refunds", strings.NewReader(`{"cart_id":"cart-1","total_cents":1900}`))
+	req.Header.Set("X-Tenant-ID", "acme")
+	req.Header.Set("Idempotency-Key", "key-422")
+	w := httptest.NewRecorder()
+	b.handler.ServeHTTP(w, req)
+	if w.Code != http.StatusUnprocessableEntity {
+		t.Fatalf("other path = %d, want 422", w.Code)
+	}
+	if got := b.orders(t, "acme"); got != 1 {
+		t.Fatalf("orders = %d, want 1", got)
+	}
+}
+
+func TestSameKeyOtherTenantIsIndependent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var a, c reply
+	together(2, func(i int) {
+		if i == 0 {
+			a = b.post(t, "acme", "shared-key", cart)
+		} else {
+			c = b.post(t, "globex", "shared-key", cart)
+		}
+	})
+	for _, r := range []reply{a, c} {
+		if r.status != http.StatusCreated || r.replayed {
+			t.Fatalf("answer %d replayed=%v, want fresh 201 for each tenant", r.status, r.replayed)
+		}
+	}
+	if a.id == c.id {
+		t.Fatalf("both tenants got order %d", a.id)
+	}
+	if b.orders(t, "acme") != 1 || b.orders(t, "globex") != 1 {
+		t.Fatalf("orders acme=%d globex=%d, want 1 each", b.orders(t, "acme"), b.orders(t, "globex"))
+	}
+}
+
+func TestServerErrorIsRolledBackStoredAndReplayed(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		in   order
+	}{
+		{"500", order{CartID: "c", TotalCents: 1, Fail: true}},
+		{"panic", order{CartID: "c", TotalCents: 1, Panic: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			first := b.post(t, "acme", "key-err", tc.in)
+			if first.status != http.StatusInternalServerError || first.replayed {
+				t.Fatalf("first = %d replayed=%v, want 500", first.status, first.replayed)
+			}
+			if got := b.orders(t, "acme"); got != 0 {
+				t.Fatalf("orders = %d after a 5xx, want 0 (rolled back)", got)
+			}
+			second := b.post(t, "acme", "key-err", tc.in)
+			if second.status != http.StatusInternalServerError || !second.replayed || string(second.body) != string(first.body) {
+				t.Fatalf("second = %d replayed=%v %q, want the stored 500 %q", second.status, second.replayed, second.body, first.body)
+			}
+			if got := b.calls.Load(); got != 1 {
+				t.Fatalf("handler ran %d times, want 1", got)
+			}
+			rec, err := b.mw.Inbox().Lookup(context.Background(), dedupe.Key{Scope: "acme", ID: "key-err"})
+			if err != nil || rec.State != dedupe.StateComplete || rec.Result.Status != 500 {
+				t.Fatalf("stored key = %+v, %v; want complete with 500", rec, err)
+			}
+		})
+	}
+}
+
+func TestRetryServerErrorsReleasesTheKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, httpidem.Config{ServerErrors: httpidem.RetryServerErrors})
+	if r := b.post(t, "acme", "key-retry", order{CartID: "c", Fail: true}); r.status != 500 {
+		t.Fatalf("first = %d, want 500", r.status)
+	}
+	r := b.post(t, "acme", "key-retry", order{CartID: "c", Fail: true})
+	if r.status != 500 || r.replayed {
+		t.Fatalf("second = %d replayed=%v, want a fresh 500", r.status, r.replayed)
+	}
+	if got := b.calls.Load(); got != 2 {
+		t.Fatalf("handler ran %d times, want 2", got)
+	}
+	if got := b.orders(t, "acme"); got != 0 {
+		t.Fatalf("orders = %d, want 0", got)
+	}
+}
+
+func TestLeaseExpiryLetsRetryExecute(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	blockedOrder := cart
+	blockedOrder.Block = true
+	var stale reply
+	var wg sync.WaitGroup
+	wg.Go(func() { stale = b.post(t, "acme", "key-lease", blockedOrder) })
+	select {
+	case <-b.blocked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first request never reached the handler")
+	}
+	// While the first holder's lease is live a retry is refused.
+	if r := b.post(t, "acme", "key-lease", blockedOrder); r.status != http.StatusConflict {
+		t.Fatalf("retry during the lease = %d, want 409", r.status)
+	}
+	// The holder hangs (as a process that died would); its lease runs out.
+	b.clock.Advance(httpidem.DefaultLease + time.Second)
+	fresh := b.post(t, "acme", "key-lease", cart)
+	// cart differs from blockedOrder in its body: a takeover must match the
+	// fingerprint, so send the same body.
+	if fresh.status != http.StatusUnprocessableEntity {
+		t.Fatalf("takeover with another body = %d, want 422", fresh.status)
+	}
+	var retry reply
+	wg.Go(func() { retry = b.post(t, "acme", "key-lease", blockedOrder) })
+	select {
+	case <-b.blocked: // the retry executes the handler
+	case <-time.After(10 * time.Second):
+		t.Fatal("the retry after lease expiry did not execute")
+	}
+	// Wake both: the stale holder's completion must be refused.
+	close(b.unblock)
+	wg.Wait()
+	if retry.status != http.StatusCreated || retry.replayed {
+		t.Fatalf("retry after lease expiry = %d replayed=%v %s, want fresh 201", retry.status, retry.replayed, retry.body)
+	}
+	if stale.status != http.StatusConflict {
+		t.Fatalf("stale holder answered %d %s, want 409 (lease lost)", stale.status, stale.body)
+	}
+	if got := b.orders(t, "acme"); got != 1 {
+		t.Fatalf("orders = %d, want exactly 1", got)
+	}
+	if r := b.post(t, "acme", "key-lease", blockedOrder); r.status != http.StatusCreated || !r.replayed || r.id != retry.id {
+		t.Fatalf("after both = %d replayed=%v id=%d, want replay of %d", r.status, r.replayed, r.id, retry.id)
+	}
+}
+
+func TestKilledConnectionRollsBackAndReleases(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	kill := cart
+	kill.Kill = true
+	r := b.post(t, "acme", "key-kill", kill)
+	if r.status != http.StatusServiceUnavailable {
+		t.Fatalf("answer after pg_terminate_backend = %d %s, want 503", r.status, r.body)
+	}
+	if got := b.orders(t, "acme"); got != 0 {
+		t.Fatalf("orders = %d, want 0", got)
+	}
+	// The key was released, so the same request executes again (the fault
+	// is injected once).
+	r = b.post(t, "acme", "key-kill", kill)
+	if r.status != http.StatusCreated || r.replayed {
+		t.Fatalf("retry = %d replayed=%v %s, want fresh 201", r.status, r.replayed, r.body)
+	}
+	if got := b.orders(t, "acme"); got != 1 {
+		t.Fatalf("orders = %d, want 1", got)
+	}
+}
+
+func TestKeyValidation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	required := b.mw.Required().Handler(http.HandlerFunc(b.createOrder))
+	for _, tc := range []struct {
+		name   string
+		h      http.Handler
+		keys   []string
+		tenant string
+		method string
+		want   int
+	}{
+		{"missing where required", required, nil, "acme", http.MethodPost, 400},
+		{"too long", b.handler, []string{strings.Repeat("k", 256)}, "acme", http.MethodPost, 400},
+		{"control character", b.handler, []string{"key\x01"}, "acme", http.MethodPost, 400},
+		{"tab", b.handler, []string{"key\tx"}, "acme", http.MethodPost, 400},
+		{"not ASCII", b.handler, []string{"kéy"}, "acme", http.MethodPost, 400},
+		{"repeated header", b.handler, []string{"a", "b"}, "acme", http.MethodPost, 400},
+		{"no tenant", b.handler, []string{"key-no-tenant"}, "", http.MethodPost, 401},
+		{"longest key", b.handler, []string{strings.Repeat("k", 255)}, "acme", http.MethodPost, 201},
+		{"printable punctuation", b.handler, []string{"~ !key-#1 "}, "acme", http.MethodPost, 201},
+	} {
+		req := httptest.NewRequest(tc.method, "/orders", strings.NewReader(`{"cart_id":"v","total_cents":1}`))
+		if tc.tenant != "" {
+			req.Header.Set("X-Tenant-ID", tc.tenant)
+		}
+		for _, k := range tc.keys {
+			req.Header.Add("Idempotency-Key", k)
+		}
+		w := httptest.NewRecorder()
+		tc.h.ServeHTTP(w, req)
+		if w.Code != tc.want {
+			t.Errorf("%s: status %d %s, want %d", tc.name, w.Code, w.Body, tc.want)
+		}
+		if tc.want >= 400 && !strings.HasPrefix(w.Header().Get("Content-Type"), "application/problem+json") {
+			t.Errorf("%s: refusal is %q, want a problem document", tc.name, w.Header().Get("Content-Type"))
+		}
+	}
+	// A request refused before the handler is not tied to its key.
+	if _, err := b.mw.Inbox().Lookup(context.Background(), dedupe.Key{Scope: "acme", ID: "key-no-tenant"}); !errors.Is(err, dedupe.ErrNotFound) {
+		t.Fatalf("refused key was recorded: %v", err)
+	}
+	if got := b.calls.Load(); got != 2 {
+		t.Fatalf("handler ran %d times, want 2 (the valid keys only)", got)
+	}
+}
+
+func TestRequestsOutsideTheLayerPassThrough(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var sawTx error
+	h := b.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, sawTx = httpidem.Tx(r.Context())
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	for _, tc := range []struct {
+		method, key string
+	}{{http.MethodPost, ""}, {http.MethodGet, "key-get"}, {http.MethodPut, "key-put"}} {
+		sawTx = nil
+		req := httptest.NewRequest(tc.method, "/orders", nil)
+		req.Header.Set("X-Tenant-ID", "acme")
+		if tc.key != "" {
+			req.Header.Set("Idempotency-Key", tc.key)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		if w.Code != http.StatusNoContent || w.Header().Get("Idempotent-Replayed") != "" {
+			t.Fatalf("%s key=%q: %d, want the handler's 204", tc.method, tc.key, w.Code)
+		}
+		if !errors.Is(sawTx, httpidem.ErrNoTx) {
+			t.Fatalf("%s key=%q: Tx = %v, want ErrNoTx", tc.method, tc.key, sawTx)
+		}
+	}
+	st, err := b.mw.Inbox().Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st) != 0 {
+		t.Fatalf("keys recorded for pass-through requests: %+v", st)
+	}
+}
+
+func TestRequestTooLargeIs413(t *testing.T) {
+	t.Parallel()
+	b := setup(t, httpidem.Config{MaxRequestBytes: 64})
+	r := b.post(t, "acme", "key-413", order{CartID: strings.Repeat("c", 100)})
+	if r.status != http.StatusRequestEntityTooLarge {
+		t.Fatalf("status %d, want 413", r.status)
+	}
+	if b.calls.Load() != 0 {
+		t.Fatal("handler ran for an oversized request")
+	}
+}
+
+func TestOversizeResponse(t *testing.T) {
+	t.Parallel()
+	t.Run("refuse", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, httpidem.Config{MaxResponseBytes: 512})
+		big := order{CartID: "c", Big: 1000}
+		r := b.post(t, "acme", "key-big", big)
+		if r.status != http.StatusInternalServerError || !strings.Contains(string(r.body), "over 512 bytes") {
+			t.Fatalf("status %d %s, want 500 naming the limit", r.status, r.body)
+		}
+		if got := b.orders(t, "acme"); got != 0 {
+			t.Fatalf("orders = %d, want 0 (rolled back)", got)
+		}
+		// Released: a retry executes (and is refused again), it is not replayed.
+		r = b.post(t, "acme", "key-big", big)
+		if r.replayed || b.calls.Load() != 2 {
+			t.Fatalf("retry replayed=%v calls=%d, want a second execution", r.replayed, b.calls.Load())
+		}
+	})
+	t.Run("store head", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, httpidem.Config{MaxResponseBytes: 512, Oversize: httpidem.OversizeStoreHead})
+		big := order{CartID: "c", Big: 1000}
+		first := b.post(t, "acme", "key-big", big)
+		if first.status != http.StatusCreated || len(first.body) < 1000 {
+			t.Fatalf("first = %d with %d bytes, want 201 with the full body", first.status, len(first.body))
+		}
+		second := b.post(t, "acme", "key-big", big)
+		if second.status != http.StatusCreated || !second.replayed || len(second.body) != 0 ||
+			second.header.Get("Idempotent-Body-Omitted") != "true" || second.header.Get("Location") != first.header.Get("Location") {
+			t.Fatalf("replay = %d replayed=%v body=%d headers=%v, want 201 without body, with Location", second.status, second.replayed, len(second.body), second.header)
+		}
+		if got := b.orders(t, "acme"); got != 1 {
+			t.Fatalf("orders = %d, want 1", got)
+		}
+	})
+}
+
+func TestPurgeForgetsExpiredKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first := b.post(t, "acme", "key-purge", cart)
+	if n, err := b.mw.Purge(context.Background()); err != nil || n != 0 {
+		t.Fatalf("purge before expiry = %d, %v; want 0", n, err)
+	}
+	b.clock.Advance(httpidem.DefaultRetention + time.Minute)
+	if n, err := b.mw.Purge(context.Background()); err != nil || n != 1 {
+		t.Fatalf("purge after expiry = %d, %v; want 1", n, err)
+	}
+	again := b.post(t, "acme", "key-purge", cart)
+	if again.status != http.StatusCreated || again.replayed || again.id == first.id {
+		t.Fatalf("after purge = %d replayed=%v, want a new execution", again.status, again.replayed)
+	}
+}
+
+func TestRunPurgerStopsWithContext(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.post(t, "acme", "key-runpurge", cart)
+	b.clock.Advance(httpidem.DefaultRetention + time.Minute)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.mw.RunPurger(ctx, 10*time.Millisecond) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := b.mw.Inbox().Lookup(context.Background(), dedupe.Key{Scope: "acme", ID: "key-runpurge"}); errors.Is(err, dedupe.ErrNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("RunPurger did not purge the expired key")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("RunPurger returned %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("RunPurger did not stop")
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, cfg := range []httpidem.Config{
+		{MaxRequestBytes: -1},
+		{MaxResponseBytes: -1},
+		{Oversize: 7},
+		{ServerErrors: 7},
+		{Inbox: dedupe.Config{Lease: time.Hour, Retention: time.Minute}},
+	} {
+		if _, err := httpidem.New(b.db.Pool, &cfg); err == nil {
+			t.Errorf("New(%+v) accepted an invalid config", cfg)
+		}
+	}
+	if _, err := httpidem.New(nil, nil); !errors.Is(err, httpidem.ErrInvalidConfig) {
+		t.Errorf("New(nil) = %v, want ErrInvalidConfig", err)
+	}
+	got := b.mw.Config()
+	if got.Inbox.Lease != 90*time.Second || got.Inbox.Retention != 24*time.Hour || got.Header != "Idempotency-Key" {
+		t.Errorf("defaults = lease %v retention %v header %q", got.Inbox.Lease, got.Inbox.Retention, got.Header)
+	}
+}

@@ -1,0 +1,84 @@
+package httpidem
+
+import (
+	"bytes"
+	"net/http"
+
+	"github.com/exactlyonce/dedupe"
+)
+
+// recorder buffers the handler's response: nothing reaches the client before
+// the handler's transaction and the stored response have committed, so a
+// client never sees an answer that was then rolled back.
+//
+// Streaming (Flush) and Hijack are not supported on idempotent routes.
+type recorder struct {
+	header   http.Header
+	status   int
+	body     bytes.Buffer
+	limit    int
+	keepAll  bool // OversizeStoreHead: buffer past limit for this client
+	oversize bool
+}
+
+func newRecorder(limit int, keepAll bool) *recorder {
+	return &recorder{header: http.Header{}, limit: limit, keepAll: keepAll}
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+
+func (r *recorder) WriteHeader(status int) {
+	if r.status != 0 || status < 200 {
+		return // informational responses are not recorded
+	}
+	r.status = status
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	if r.status == 0 {
+		r.WriteHeader(http.StatusOK)
+	}
+	if r.body.Len()+len(p) > r.limit {
+		r.oversize = true
+		if !r.keepAll {
+			// The response will be refused; stop buffering but let the
+			// handler finish as if it was written.
+			return len(p), nil
+		}
+	}
+	return r.body.Write(p)
+}
+
+func (r *recorder) statusCode() int {
+	if r.status == 0 {
+		return http.StatusOK
+	}
+	return r.status
+}
+
+// result is what is stored with the key: the status, the selected headers
+// and the body (or no body when it was too large).
+func (r *recorder) result(stored []string) dedupe.Result {
+	res := dedupe.Result{Status: r.statusCode(), Headers: map[string][]string{}}
+	for _, name := range stored {
+		if v := r.header.Values(name); len(v) > 0 {
+			res.Headers[name] = append([]string(nil), v...)
+		}
+	}
+	if r.oversize {
+		res.Headers[BodyOmittedHeader] = []string{"true"}
+	} else {
+		res.Body = bytes.Clone(r.body.Bytes())
+	}
+	return res
+}
+
+// writeTo sends the buffered response to the client with all its headers.
+func (r *recorder) writeTo(w http.ResponseWriter) {
+	h := w.Header()
+	for k, v := range r.header {
+		h[k] = v
+	}
+	w.WriteHeader(r.statusCode())
+	_, _ = w.Write(r.body.Bytes())
+}
