@@ -82,6 +82,9 @@ type Config struct {
 	// failed (poison) and no longer retried. Defaults to 10; a negative value
 	// means no limit.
 	MaxAttempts int
+	// OutboxTable is the transactional outbox's table (see Outbox), in
+	// Schema. Defaults to "dedupe_outbox".
+	OutboxTable string
 	// PurgeBatchSize bounds the rows deleted per statement by Purge.
 	// Defaults to 1000.
 	PurgeBatchSize int
@@ -102,6 +105,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.Table == "" {
 		out.Table = DefaultTable
+	}
+	if out.OutboxTable == "" {
+		out.OutboxTable = DefaultOutboxTable
 	}
 	if out.Lease == 0 {
 		out.Lease = DefaultLease
@@ -130,6 +136,8 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, &ConfigError{Field: "Retention", Reason: "must be at least Lease"}
 	case out.PurgeBatchSize < 0:
 		return out, &ConfigError{Field: "PurgeBatchSize", Reason: "must be positive"}
+	case len(out.OutboxTable) > 48:
+		return out, &ConfigError{Field: "OutboxTable", Reason: "must be at most 48 bytes (PostgreSQL truncates longer names)"}
 	case len(out.Table) > 55:
 		return out, &ConfigError{Field: "Table", Reason: "must be at most 55 bytes (PostgreSQL truncates longer names)"}
 	}

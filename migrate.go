@@ -180,12 +180,22 @@ type templateData struct {
 	Schema            string // quoted schema, or "" for search_path
 	Inbox             string // quoted, qualified inbox table
 	InboxExpiresIndex string // quoted index name (unqualified: it lives with its table)
+
+	Outbox               string // quoted, qualified outbox table
+	OutboxPendingIndex   string // quoted index names of the outbox
+	OutboxKeyIndex       string
+	OutboxPublishedIndex string
 }
 
 func newTemplateData(c Config) templateData {
 	d := templateData{
 		Inbox:             c.qualifiedTable(c.Table),
 		InboxExpiresIndex: pgx.Identifier{c.Table + "_expires_at_idx"}.Sanitize(),
+
+		Outbox:               c.qualifiedTable(c.OutboxTable),
+		OutboxPendingIndex:   pgx.Identifier{c.OutboxTable + "_pending_idx"}.Sanitize(),
+		OutboxKeyIndex:       pgx.Identifier{c.OutboxTable + "_key_idx"}.Sanitize(),
+		OutboxPublishedIndex: pgx.Identifier{c.OutboxTable + "_published_idx"}.Sanitize(),
 	}
 	if c.Schema != "" {
 		d.Schema = pgx.Identifier{c.Schema}.Sanitize()
