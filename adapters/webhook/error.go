@@ -127,6 +127,8 @@ func (e *ConfigError) Error() string {
 func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
 
 // refusal is the response of a delivery refused before any database work.
+// An error of a custom Verifier that matches none of the sentinels is taken
+// for a fault of the receiver: 500, so that the provider retries.
 func refusal(err error) (status int, reason string) {
 	switch {
 	case errors.Is(err, ErrMethodNotAllowed):
@@ -146,5 +148,5 @@ func refusal(err error) (status int, reason string) {
 	case errors.Is(err, ErrBodyRead):
 		return http.StatusBadRequest, "body could not be read"
 	}
-	return http.StatusBadRequest, "bad request"
+	return http.StatusInternalServerError, "verification failed"
 }

@@ -131,6 +131,10 @@ type validator interface{ validate() error }
 //   - 400 with a short reason: missing, malformed or wrong signature, a
 //     stale timestamp, no event id. No database work is done.
 //   - 413: the body exceeds MaxBodyBytes. 405: not a POST.
+//
+// No payload fingerprint is stored with the key: providers may rebuild the
+// payload of a re-send (Stripe's pending_webhooks counter, for one), so the
+// same event id with another body is the same event, not a client bug.
 func New(inbox *dedupe.Inbox, v Verifier, cfg Config, h dedupe.HandlerFunc[Event]) (*Handler, error) {
 	if v == nil {
 		return nil, &ConfigError{Field: "verifier", Reason: "must not be nil"}
@@ -196,12 +200,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case outcome == dedupe.OutcomeConflict:
 		h.fail(w, r, http.StatusUnprocessableEntity, "event id reused with another payload", err)
 	case outcome == dedupe.OutcomeInFlight:
-		w.Header().Set("Retry-After", strconv.Itoa(int(max(h.cfg.RetryAfter.Round(time.Second), time.Second)/time.Second)))
+		h.retryLater(w)
 		h.fail(w, r, http.StatusServiceUnavailable, "in flight", err)
-	default:
-		w.Header().Set("Retry-After", strconv.Itoa(int(max(h.cfg.RetryAfter.Round(time.Second), time.Second)/time.Second)))
+	default: // the database failed, or the sender went away
+		h.retryLater(w)
 		h.fail(w, r, http.StatusServiceUnavailable, "unavailable", err)
 	}
+}
+
+// retryLater sets Retry-After to RetryAfter in whole seconds, at least 1.
+func (h *Handler) retryLater(w http.ResponseWriter) {
+	secs := max(h.cfg.RetryAfter.Round(time.Second), time.Second) / time.Second
+	w.Header().Set("Retry-After", strconv.FormatInt(int64(secs), 10))
 }
 
 // readBody reads at most MaxBodyBytes, refusing a larger declared body

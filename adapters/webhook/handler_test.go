@@ -689,3 +689,30 @@ func TestConstructorsValidateConfig(t *testing.T) {
 		t.Errorf("ConfigError = %+v", ce)
 	}
 }
+
+// brokenVerifier fails for a reason of its own, not a refusal.
+type brokenVerifier struct{}
+
+func (brokenVerifier) Provider() string { return "broken" }
+func (brokenVerifier) Verify(http.Header, []byte, time.Time) (webhook.Event, error) {
+	return webhook.Event{}, errors.New("key service offline")
+}
+
+func TestCustomVerifierFaultIs500(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	db := &countingDB{Pool: b.db.Pool}
+	inbox, err := dedupe.New(db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := webhook.New(inbox, brokenVerifier{}, webhook.Config{OnError: func(*http.Request, int, error) {}}, record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("POST", "/", strings.NewReader("{}")))
+	if rec.Code != 500 || strings.TrimSpace(rec.Body.String()) != "verification failed" || db.n.Load() != 0 {
+		t.Fatalf("%d %q after %d database calls; want 500 verification failed and none", rec.Code, rec.Body.String(), db.n.Load())
+	}
+}
