@@ -251,7 +251,7 @@ func TestLeaseMisuseRefused(t *testing.T) {
 }
 
 // TestKeyFuncErrorRefused: a consumer whose key function fails writes
-// nothing and returns the function's error.
+// nothing and returns ErrNoKey wrapping the function's error.
 func TestKeyFuncErrorRefused(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -264,8 +264,11 @@ func TestKeyFuncErrorRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	outcome, err := c.Handle(context.Background(), "m")
-	if !errors.Is(err, errNoID) || outcome != 0 || ran {
-		t.Fatalf("Handle = %v, %v (ran %v); want the key function's error, no outcome, no run", outcome, err, ran)
+	if !errors.Is(err, dedupe.ErrNoKey) || !errors.Is(err, errNoID) || outcome != 0 || ran {
+		t.Fatalf("Handle = %v, %v (ran %v); want ErrNoKey wrapping the key function's error, no outcome, no run", outcome, err, ran)
+	}
+	if _, err := c.KeyOf("m"); !errors.Is(err, dedupe.ErrNoKey) {
+		t.Fatalf("KeyOf = %v, want ErrNoKey", err)
 	}
 	e.assertNothingWritten(t)
 }
