@@ -127,6 +127,11 @@ func (e *benchEnv) runner(b *testing.B, batch int, h dedupekafka.HandlerFunc, bh
 	if err != nil {
 		b.Fatal(err)
 	}
+	b.Cleanup(func() {
+		if s := r.Stats(); s.Batches > 0 {
+			b.ReportMetric(float64(s.Handled)/float64(s.Batches), "msgs/batch")
+		}
+	})
 	return func(ctx context.Context) {
 		if err := r.Run(ctx); err != nil {
 			b.Error(err)

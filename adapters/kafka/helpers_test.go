@@ -162,11 +162,17 @@ func insertEffect(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
 
 func (b *bundle) produce(t testing.TB, msgs ...kafka.Message) {
 	t.Helper()
-	w := newWriter(t, b.brokers, b.topic, max(len(msgs), 1))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	const chunk = 1000 // a produce request stays under the broker's 1 MiB limit
+	w := newWriter(t, b.brokers, b.topic, min(max(len(msgs), 1), chunk))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := w.WriteMessages(ctx, msgs...); err != nil {
-		t.Fatalf("produce: %v", err)
+	for len(msgs) > 0 {
+		n := min(len(msgs), chunk)
+		if err := w.WriteMessages(ctx, msgs[:n]...); err != nil {
+			e := err.Error()
+			t.Fatalf("produce: %s", e[:min(len(e), 300)])
+		}
+		msgs = msgs[n:]
 	}
 }
 
