@@ -21,6 +21,7 @@ type globals struct {
 	databaseURL string
 	schema      string
 	table       string
+	outboxTable string
 	json        bool
 	verbose     bool
 }
@@ -29,6 +30,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.databaseURL, "database-url", "", "PostgreSQL connection `URL`. Defaults to $DATABASE_URL.")
 	fs.StringVar(&g.schema, "schema", "", "`schema` of the inbox table. Defaults to the connection's search_path.")
 	fs.StringVar(&g.table, "table", "", "inbox `table` name. Defaults to "+dedupe.DefaultTable+".")
+	fs.StringVar(&g.outboxTable, "outbox-table", "", "transactional outbox `table` name (migrate, stats). Defaults to "+dedupe.DefaultOutboxTable+".")
 	fs.BoolVar(&g.json, "json", false, "print machine-readable JSON instead of text. Defaults to false.")
 	fs.BoolVar(&g.verbose, "verbose", false, "log debug details to stderr. Defaults to false.")
 }
@@ -43,6 +45,9 @@ func (g globals) merge(o globals) globals {
 	}
 	if o.table != "" {
 		g.table = o.table
+	}
+	if o.outboxTable != "" {
+		g.outboxTable = o.outboxTable
 	}
 	g.json = g.json || o.json
 	g.verbose = g.verbose || o.verbose
@@ -231,7 +236,7 @@ func (c *cli) connect(ctx context.Context, cfg dedupe.Config) (*pgxpool.Pool, *d
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg.Schema, cfg.Table, cfg.Logger = c.g.schema, c.g.table, c.log
+	cfg.Schema, cfg.Table, cfg.OutboxTable, cfg.Logger = c.g.schema, c.g.table, c.g.outboxTable, c.log
 	inbox, err := dedupe.New(pool, &cfg)
 	if err != nil {
 		pool.Close()

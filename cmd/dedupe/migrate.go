@@ -13,10 +13,10 @@ func migrateCommand() *command {
 	return &command{
 		name:     "migrate",
 		synopsis: "migrate [up | status | sql]",
-		summary:  "create or upgrade the inbox table (up), list migrations (status), print the SQL (sql)",
+		summary:  "create or upgrade the inbox and outbox tables (up), list migrations (status), print the SQL (sql)",
 		about: `migrate up applies the pending migrations of the inbox table named by
---schema and --table, under an advisory lock, so that many processes may run it
-at once. migrate status lists every migration and when it was applied.
+--schema and --table (and of the outbox table, --outbox-table), under an
+advisory lock, so that many processes may run it at once. migrate status lists every migration and when it was applied.
 migrate sql prints the schema as one plain SQL script (no database needed), for
 goose, golang-migrate or atlas. Without an argument, migrate runs up.`,
 		flags: func(*flag.FlagSet) any { return nil },
@@ -40,7 +40,7 @@ func runMigrate(ctx context.Context, c *cli, _ any, args []string) int {
 	if len(args) > 1 {
 		return c.fail("migrate", usagef("unexpected argument %q", args[1]))
 	}
-	cfg := &dedupe.Config{Schema: c.g.schema, Table: c.g.table}
+	cfg := &dedupe.Config{Schema: c.g.schema, Table: c.g.table, OutboxTable: c.g.outboxTable}
 	switch action {
 	case "up", "status":
 	case "sql":
@@ -58,7 +58,7 @@ func runMigrate(ctx context.Context, c *cli, _ any, args []string) int {
 		return c.fail("migrate", err)
 	}
 	defer pool.Close()
-	m, err := dedupe.NewMigrator(pool, &dedupe.Config{Schema: inbox.Config().Schema, Table: inbox.Config().Table})
+	m, err := dedupe.NewMigrator(pool, cfg)
 	if err != nil {
 		return c.fail("migrate", err)
 	}

@@ -144,9 +144,50 @@ func TestStatsCountsByScopeAndState(t *testing.T) {
 		got["api/in_flight"].OldestInFlight.IsZero() || got["jobs/failed"].Count != 1 {
 		t.Fatalf("stats = %+v", st)
 	}
+	if st.Outbox == nil || st.Outbox.Pending != 0 || st.Outbox.Table != dedupe.DefaultOutboxTable {
+		t.Fatalf("outbox stats = %+v, want an empty outbox", st.Outbox)
+	}
+
+	// Two committed messages wait for a relay: the lag shows.
+	ob, err := dedupe.NewOutbox(e.db.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := e.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if _, err := ob.Enqueue(ctx, tx, dedupe.Message{Topic: "orders", Key: "o-1", Payload: []byte{byte(i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	r = e.cli(t, "stats", "--json")
+	st = statsJSON{}
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || st.Outbox == nil || st.Outbox.Pending != 2 ||
+		st.Outbox.Parked != 0 || st.Outbox.OldestPendingSeconds < 0.02 {
+		t.Fatalf("outbox stats = %+v %v\n%s", st.Outbox, err, r.stdout)
+	}
 	r = e.cli(t, "stats")
-	if !strings.Contains(r.stdout, "SCOPE") || !strings.Contains(r.stdout, "in_flight") || !strings.Contains(r.stdout, "ago") {
-		t.Fatalf("stats text:\n%s", r.stdout)
+	for _, want := range []string{"SCOPE", "in_flight", "ago", "outbox dedupe_outbox: 2 pending"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Fatalf("stats text lacks %q:\n%s", want, r.stdout)
+		}
+	}
+
+	// Without an outbox table, stats still works and says so.
+	e.db.Exec(t, "DROP TABLE dedupe_outbox")
+	r = e.cli(t, "stats", "--json")
+	st = statsJSON{Outbox: &outboxJSON{}}
+	if err := json.Unmarshal([]byte(r.stdout), &st); r.code != 0 || err != nil || st.Outbox != nil || st.Total != 4 {
+		t.Fatalf("stats without outbox = %d %+v %v\n%s", r.code, st, err, r.stderr)
+	}
+	if r := e.cli(t, "stats"); r.code != 0 || !strings.Contains(r.stdout, "no such table") {
+		t.Fatalf("stats text without outbox:\n%s", r.stdout)
 	}
 }
 
