@@ -321,6 +321,21 @@ func (c *cancelOnClose) Close() error {
 	return err
 }
 
+// RequestOption adjusts a request built by PostJSON.
+type RequestOption func(r *http.Request, keyHeader string)
+
+// WithHeader sets a request header (authentication, tenant, tracing).
+func WithHeader(name, value string) RequestOption {
+	return func(r *http.Request, _ string) { r.Header.Set(name, value) }
+}
+
+// WithKey sends key as the Idempotency-Key instead of a new one: for an
+// operation whose key the caller persisted, so that a retry after a restart
+// of the client is still the same operation.
+func WithKey(key string) RequestOption {
+	return func(r *http.Request, keyHeader string) { r.Header.Set(keyHeader, key) }
+}
+
 // Reply describes the final response of PostJSON.
 type Reply struct {
 	Status   int
@@ -338,7 +353,9 @@ const maxReplyBytes = 16 << 20
 // the same key. A final answer outside 2xx returns the Reply with a
 // *StatusError; a transport failure returns the client's error (a
 // *GiveUpError inside a *url.Error when retries ran out).
-func PostJSON(ctx context.Context, c *http.Client, url string, in, out any) (*Reply, error) {
+//
+// opts adjust the request (WithHeader, WithKey) before it is sent.
+func PostJSON(ctx context.Context, c *http.Client, url string, in, out any, opts ...RequestOption) (*Reply, error) {
 	payload, err := json.Marshal(in)
 	if err != nil {
 		return nil, fmt.Errorf("httpidem: encode request: %w", err)
@@ -351,10 +368,13 @@ func PostJSON(ctx context.Context, c *http.Client, url string, in, out any) (*Re
 	if t, ok := c.Transport.(*Transport); ok {
 		header = t.cfg.Header
 	}
-	key := NewKey()
-	req.Header.Set(header, key)
+	req.Header.Set(header, NewKey())
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json")
+	for _, o := range opts {
+		o(req, header)
+	}
+	key := req.Header.Get(header)
 	resp, err := c.Do(req)
 	if err != nil {
 		return nil, err
