@@ -9,7 +9,7 @@
 //
 //	migrate [up|status|sql]          create or upgrade the inbox table, list migrations, print the SQL
 //	inspect --scope S --key K        show one key: state, attempts, lease, stored result, last error
-//	stats                            count keys by scope and state, with the oldest in-flight key
+//	stats                            count keys by scope and state, the oldest in-flight key, the outbox lag
 //	purge [--older-than D]           delete expired keys in bounded batches, showing progress
 //	release --scope S --key K --yes  delete one key so that it is claimed afresh
 //	run --scope S --key K -- CMD     run CMD at most once per key, under a renewed lease
@@ -19,6 +19,7 @@
 //	--database-url URL  PostgreSQL connection URL. Defaults to $DATABASE_URL.
 //	--schema S          schema of the inbox table. Defaults to the connection's search_path.
 //	--table T           inbox table name. Defaults to dedupe_inbox.
+//	--outbox-table T    transactional outbox table (migrate, stats). Defaults to dedupe_outbox.
 //	--json              machine-readable output (for run: its report, on stderr).
 //	--verbose           debug logs on stderr.
 //

@@ -21,6 +21,9 @@ func TestMigrateUpStatusSQLAndNotMigrated(t *testing.T) {
 	if r.code != exitNotMigrated || !strings.Contains(r.stderr, "dedupe migrate up") {
 		t.Fatalf("stats before migrate = %d, want %d with a hint\n%s", r.code, exitNotMigrated, r.stderr)
 	}
+	if r := e.cli(t, "run", "--scope", "s", "--key", "k", "--", "true"); r.code != exitRunFailed || !strings.Contains(r.stderr, "dedupe migrate up") {
+		t.Fatalf("run before migrate = %d, want %d with a hint\n%s", r.code, exitRunFailed, r.stderr)
+	}
 	var st struct {
 		Pending    int `json:"pending"`
 		Migrations []migrationJSON

@@ -284,19 +284,25 @@ wait:
 	r.rep.Seconds = duration.Seconds()
 	r.rep.LockedUntil = jsonTime{r.claim.LockedUntil}
 
+	result := dedupe.Result{Status: status, Headers: r.resultHeaders(cmd, started, duration, tail), Body: tail.Bytes()}
+	if status == 0 || (r.f.onFailure == onFailureComplete && !interrupted && lostErr == nil) {
+		// Complete is fenced by the claim's token: even after the heartbeat
+		// gave up, it succeeds only if no other run took the key over.
+		err := r.record(ctx, func(ctx context.Context) error { return r.inbox.Complete(ctx, r.claim, result) })
+		switch {
+		case err == nil:
+			r.rep.Recorded = "complete"
+			return r.c.endRun(r.rep, "ran", status, nil)
+		case lostErr != nil || errors.Is(err, dedupe.ErrLeaseLost):
+			return r.c.endRun(r.rep, "lease_lost", exitRunFailed, fmt.Errorf("the command exited %d but the lease was lost "+
+				"before its completion was recorded; another run may run it again: %w", status, errors.Join(lostErr, err)))
+		}
+		return r.c.endRun(r.rep, "error", exitRunFailed, fmt.Errorf("the command exited %d but its completion was not recorded "+
+			"(a later run will run it again once the lease expires): %w", status, err))
+	}
 	if lostErr != nil {
 		return r.c.endRun(r.rep, "lease_lost", exitRunFailed, fmt.Errorf("the command was stopped (status %d) because the lease was lost; "+
 			"another run may take the key over: %w", status, lostErr))
-	}
-	result := dedupe.Result{Status: status, Headers: r.resultHeaders(cmd, started, duration, tail), Body: tail.Bytes()}
-	if status == 0 || (r.f.onFailure == onFailureComplete && !interrupted) {
-		err := r.record(ctx, func(ctx context.Context) error { return r.inbox.Complete(ctx, r.claim, result) })
-		if err != nil {
-			return r.c.endRun(r.rep, "error", exitRunFailed, fmt.Errorf("the command exited %d but its completion was not recorded "+
-				"(a later run will run it again once the lease expires): %w", status, err))
-		}
-		r.rep.Recorded = "complete"
-		return r.c.endRun(r.rep, "ran", status, nil)
 	}
 	cause := fmt.Errorf("exit status %d: %s", status, lastLines(result.Body, lastErrorTail))
 	r.failKey(ctx, cause, r.f.onFailure == onFailurePoison && !interrupted)
@@ -363,6 +369,9 @@ func (c *cli) endRun(rep *runReport, outcome string, code int, err error) int {
 	rep.Outcome, rep.Exit = outcome, code
 	if err != nil {
 		rep.Error = err.Error()
+		if errors.Is(err, dedupe.ErrNotMigrated) {
+			rep.Error += " (create the table with 'dedupe migrate up', same --schema and --table)"
+		}
 	}
 	if c.g.json {
 		// One line, so that log scrapers and tests find it after CMD's output.
@@ -374,7 +383,7 @@ func (c *cli) endRun(rep *runReport, outcome string, code int, err error) int {
 	key := rep.Scope + "/" + rep.Key
 	switch {
 	case err != nil:
-		fmt.Fprintf(c.stderr, "dedupe run: %s: %v\n", outcome, err)
+		fmt.Fprintf(c.stderr, "dedupe run: %s: %s\n", outcome, rep.Error)
 	case outcome == "skipped":
 		fmt.Fprintf(c.stderr, "dedupe run: %s is already complete (status %d); not running it again\n", key, *rep.Status)
 	default:
