@@ -126,7 +126,7 @@ func prepare(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('dedupe-airflow-worker-tables'))"); err != nil {
+		if _, err := tx.Exec(ctx, sqlLockTables); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, sqlCreateTables)

@@ -29,3 +29,7 @@ VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6, $7)`
 // sqlCredit adds $2 cents to account $1.
 const sqlCredit = `INSERT INTO airflow_balance (account, cents) VALUES ($1, $2)
 ON CONFLICT (account) DO UPDATE SET cents = airflow_balance.cents + EXCLUDED.cents`
+
+// sqlLockTables serializes the CREATE statements of concurrent tries
+// (CREATE TABLE IF NOT EXISTS can still collide on the catalog otherwise).
+const sqlLockTables = `SELECT pg_advisory_xact_lock(hashtext('dedupe-airflow-worker-tables'))`
