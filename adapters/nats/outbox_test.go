@@ -1,0 +1,392 @@
+package dedupenats_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/exactlyonce/dedupe"
+	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
+	"github.com/exactlyonce/dedupe/internal/natstest"
+)
+
+// outboxEnv is a migrated schema with an outbox, a JetStream stream ORDERS
+// on orders.> with a duplicate window, and a publisher.
+type outboxEnv struct {
+	db     *dbtest.DB
+	outbox *dedupe.Outbox
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	pub    *dedupenats.OutboxPublisher
+}
+
+func outboxSetup(t *testing.T, nc *nats.Conn) *outboxEnv {
+	t.Helper()
+	ctx := context.Background()
+	db := dbtest.New(t)
+	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := dedupe.NewOutbox(db.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}, Duplicates: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := dedupenats.NewOutboxPublisher(js, &dedupenats.OutboxPublisherConfig{Stream: "ORDERS"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &outboxEnv{db: db, outbox: ob, js: js, stream: st, pub: pub}
+}
+
+func (e *outboxEnv) enqueue(t *testing.T, msgs ...dedupe.Message) []string {
+	t.Helper()
+	var ids []string
+	err := pgx.BeginFunc(context.Background(), e.db.Pool, func(tx pgx.Tx) error {
+		for _, m := range msgs {
+			id, err := e.outbox.Enqueue(context.Background(), tx, m)
+			if err != nil {
+				return err
+			}
+			ids = append(ids, id)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// streamMsgs reads every message of the stream in order.
+func (e *outboxEnv) streamMsgs(t *testing.T) []*jetstream.RawStreamMsg {
+	t.Helper()
+	ctx := context.Background()
+	info, err := e.stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*jetstream.RawStreamMsg
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := e.stream.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func outboxWaitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func outboxRun(t *testing.T, r *dedupe.Relay) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("relay: %v", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Errorf("relay did not stop")
+		}
+	})
+}
+
+func TestOutboxPublisherRolledBackNothingCommittedOnce(t *testing.T) {
+	t.Parallel()
+	e := outboxSetup(t, natstest.Connect(t, natstest.Server(t)))
+	ctx := context.Background()
+	relay, err := dedupe.NewRelay(e.outbox, e.pub, dedupe.RelayConfig{DisableListen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := e.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.outbox.Enqueue(ctx, tx, dedupe.Message{Topic: "orders.created", Payload: []byte("never")}); err != nil {
+		t.Fatal(err)
+	}
+	_ = tx.Rollback(ctx)
+	ids := e.enqueue(t,
+		dedupe.Message{Topic: "orders.created", Key: "o1", Payload: []byte("a"), Headers: map[string][]string{"Trace": {"x"}}},
+		dedupe.Message{Topic: "orders.paid", Key: "o1", Payload: []byte("b")},
+		dedupe.Message{Topic: "orders.created", Key: "o2", Payload: []byte("c")})
+	for i, want := range []int{3, 0} {
+		if n, err := relay.Cycle(ctx); err != nil || n != want {
+			t.Fatalf("cycle %d = %d, %v; want %d", i, n, err, want)
+		}
+	}
+	got := e.streamMsgs(t)
+	if len(got) != 3 {
+		t.Fatalf("stream holds %d messages, want 3", len(got))
+	}
+	seen := map[string]*jetstream.RawStreamMsg{}
+	for _, m := range got {
+		seen[m.Header.Get(jetstream.MsgIDHeader)] = m
+	}
+	for i, id := range ids {
+		if seen[id] == nil {
+			t.Fatalf("message %d (%s) missing", i, id)
+		}
+	}
+	if m := seen[ids[0]]; string(m.Data) != "a" || m.Subject != "orders.created" || m.Header.Get("Trace") != "x" {
+		t.Fatalf("first = %s %q %v", m.Subject, m.Data, m.Header)
+	}
+	// A subject no stream captures is refused and retried, never lost.
+	e.enqueue(t, dedupe.Message{Topic: "elsewhere"})
+	if _, err := relay.Cycle(ctx); !errors.Is(err, dedupe.ErrPublishFailed) {
+		t.Fatalf("unroutable: %v", err)
+	}
+	if n := e.db.Count(t, "SELECT count(*) FROM dedupe_outbox WHERE published_at IS NULL"); n != 1 {
+		t.Fatalf("pending = %d", n)
+	}
+}
+
+// TestOutboxPublisherKilledBeforeMarkDroppedByMsgID: the relay's database
+// connection is killed after JetStream acknowledged the batch; the next
+// cycle publishes the same IDs again and the stream drops them.
+func TestOutboxPublisherKilledBeforeMarkDroppedByMsgID(t *testing.T) {
+	t.Parallel()
+	e := outboxSetup(t, natstest.Connect(t, natstest.Server(t)))
+	ctx := context.Background()
+	app := "relay-" + e.db.Schema
+	pcfg, err := pgxpool.ParseConfig(e.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.ConnConfig.RuntimeParams["application_name"] = app
+	pcfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	ob, _ := dedupe.NewOutbox(pool, nil)
+	var kill atomic.Bool
+	kill.Store(true)
+	pub := publisherFunc(func(ctx context.Context, msgs []*dedupe.OutboxMessage) []error {
+		errs := e.pub.Publish(ctx, msgs)
+		if kill.CompareAndSwap(true, false) {
+			for _, pid := range e.db.BackendPIDs(t, app) {
+				e.db.Terminate(t, pid)
+			}
+		}
+		return errs
+	})
+	relay, err := dedupe.NewRelay(ob, pub, dedupe.RelayConfig{DisableListen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	var msgs []dedupe.Message
+	for i := range n {
+		msgs = append(msgs, dedupe.Message{Topic: "orders.created", Key: fmt.Sprint("o", i%4), Payload: []byte(strconv.Itoa(i))})
+	}
+	e.enqueue(t, msgs...)
+	if _, err := relay.Cycle(ctx); err == nil {
+		t.Fatal("cycle survived its killed connection")
+	}
+	for {
+		k, err := relay.Cycle(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k == 0 {
+			break
+		}
+	}
+	if pending := e.db.Count(t, "SELECT count(*) FROM dedupe_outbox WHERE published_at IS NULL"); pending != 0 {
+		t.Fatalf("pending = %d", pending)
+	}
+	if got := len(e.streamMsgs(t)); got != n {
+		t.Fatalf("stream holds %d, want %d", got, n)
+	}
+	if d := e.pub.Duplicates(); d != n {
+		t.Fatalf("duplicates dropped by Nats-Msg-Id = %d, want %d", d, n)
+	}
+}
+
+type publisherFunc func(ctx context.Context, msgs []*dedupe.OutboxMessage) []error
+
+func (f publisherFunc) Publish(ctx context.Context, msgs []*dedupe.OutboxMessage) []error {
+	return f(ctx, msgs)
+}
+
+// TestOutboxPublisherTwoRelaysKeepOrder: two relays with LISTEN/NOTIFY
+// publish concurrent writers' messages; the stream holds each once, and
+// every key in commit order.
+func TestOutboxPublisherTwoRelaysKeepOrder(t *testing.T) {
+	t.Parallel()
+	e := outboxSetup(t, natstest.Connect(t, natstest.Server(t)))
+	ctx := context.Background()
+	for range 2 {
+		r, err := dedupe.NewRelay(e.outbox, e.pub, dedupe.RelayConfig{BatchSize: 10, PollInterval: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		outboxRun(t, r)
+	}
+	const writers, each, keys = 4, 30, 5
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	committed := map[string][]string{} // key → payloads in commit order
+	e.db.Exec(t, `CREATE TABLE seq (n int NOT NULL)`)
+	e.db.Exec(t, `INSERT INTO seq VALUES (0)`)
+	errs := make([]error, writers)
+	for w := range writers {
+		wg.Go(func() {
+			for i := range each {
+				key := fmt.Sprint("o", (w*each+i)%keys)
+				var n int
+				err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+					id, err := e.outbox.Enqueue(ctx, tx, dedupe.Message{Topic: "orders." + key, Key: key})
+					if err != nil {
+						return err
+					}
+					if err := tx.QueryRow(ctx, `UPDATE seq SET n = n + 1 RETURNING n`).Scan(&n); err != nil {
+						return err
+					}
+					_, err = tx.Exec(ctx, `UPDATE dedupe_outbox SET payload = $2 WHERE message_id = $1`, id, []byte(strconv.Itoa(n)))
+					return err
+				})
+				if err != nil {
+					errs[w] = err
+					return
+				}
+				mu.Lock()
+				committed[key] = append(committed[key], strconv.Itoa(n))
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	outboxWaitFor(t, 20*time.Second, "all published", func() bool {
+		return e.db.Count(t, "SELECT count(*) FROM dedupe_outbox WHERE published_at IS NULL") == 0
+	})
+	got := e.streamMsgs(t)
+	if len(got) != writers*each {
+		t.Fatalf("stream holds %d, want %d", len(got), writers*each)
+	}
+	perKey := map[string][]string{}
+	for _, m := range got {
+		perKey[m.Subject[len("orders."):]] = append(perKey[m.Subject[len("orders."):]], string(m.Data))
+	}
+	for k, want := range committed {
+		// Commit order within a key is the order of the counter values.
+		sortedInts(want)
+		if fmt.Sprint(perKey[k]) != fmt.Sprint(want) {
+			t.Fatalf("key %s: stream order %v, commit order %v", k, perKey[k], want)
+		}
+	}
+}
+
+func sortedInts(s []string) {
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0; j-- {
+			a, _ := strconv.Atoi(s[j-1])
+			b, _ := strconv.Atoi(s[j])
+			if a > b {
+				s[j-1], s[j] = s[j], s[j-1]
+			}
+		}
+	}
+}
+
+// TestOutboxPublisherBrokerDownThenAllArrive stops the NATS server while
+// messages are committed and restarts it (same port, same store): the
+// messages wait in the outbox and all arrive, each once.
+func TestOutboxPublisherBrokerDownThenAllArrive(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	dir := t.TempDir()
+	start := func() *server.Server {
+		s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Start()
+		if !s.ReadyForConnections(10 * time.Second) {
+			t.Fatal("nats not ready")
+		}
+		return s
+	}
+	srv := start()
+	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	e := outboxSetup(t, nc)
+	var failures atomic.Int32
+	relay, err := dedupe.NewRelay(e.outbox, e.pub, dedupe.RelayConfig{PollInterval: 50 * time.Millisecond,
+		PublishTimeout: 500 * time.Millisecond, MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, MaxAttempts: 2,
+		Hooks: dedupe.RelayHooks{Failed: func(*dedupe.OutboxMessage, error, bool) { failures.Add(1) }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outboxRun(t, relay)
+	e.enqueue(t, dedupe.Message{Topic: "orders.created", Key: "before"})
+	outboxWaitFor(t, 5*time.Second, "first message", func() bool { return len(e.streamMsgs(t)) == 1 })
+
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	const n = 40
+	for i := range n {
+		e.enqueue(t, dedupe.Message{Topic: "orders.created", Key: fmt.Sprint("k", i%5), Payload: []byte(strconv.Itoa(i))})
+	}
+	outboxWaitFor(t, 10*time.Second, "failed publishes while down", func() bool { return failures.Load() >= 5 })
+	if p := e.db.Count(t, "SELECT count(*) FROM dedupe_outbox WHERE parked_at IS NOT NULL"); p != 0 {
+		t.Fatalf("outage parked %d messages", p)
+	}
+	srv = start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	outboxWaitFor(t, 20*time.Second, "all messages after restart", func() bool {
+		return e.db.Count(t, "SELECT count(*) FROM dedupe_outbox WHERE published_at IS NULL") == 0
+	})
+	if got := len(e.streamMsgs(t)); got != n+1 {
+		t.Fatalf("stream holds %d, want %d", got, n+1)
+	}
+}
