@@ -196,7 +196,15 @@ func (r *Runner) work(ctx context.Context, ch <-chan kafka.Message) {
 		if !done {
 			return // cancelled: nothing of this batch is committed to Kafka
 		}
-		r.commit(ctx, batch[len(batch)-1])
+		// The highest offset: after a rebalance the same partition may be
+		// re-read from an older offset within one batch.
+		last := batch[0]
+		for _, m := range batch[1:] {
+			if m.Offset > last.Offset {
+				last = m
+			}
+		}
+		r.commit(ctx, last)
 	}
 }
 
