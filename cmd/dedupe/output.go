@@ -20,6 +20,11 @@ func (c *cli) emit(w io.Writer, v any, text func(w io.Writer)) {
 		}
 		return
 	}
+	writeTable(w, text)
+}
+
+// writeTable renders text's tab-separated columns aligned.
+func writeTable(w io.Writer, text func(w io.Writer)) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	text(tw)
 	_ = tw.Flush()

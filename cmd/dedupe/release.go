@@ -59,7 +59,7 @@ func runRelease(ctx context.Context, c *cli, opts any, args []string) int {
 	shown := newRecordJSON(rec, inbox.Config().Clock())
 	if !r.yes {
 		if !c.g.json {
-			shown.writeText(c.stderr)
+			writeTable(c.stderr, shown.writeText)
 		}
 		return c.fail("release", usagef("not released: pass --yes to release %s", key))
 	}
@@ -71,7 +71,7 @@ func runRelease(ctx context.Context, c *cli, opts any, args []string) int {
 		return c.fail("release", err)
 	}
 	c.emit(c.stdout, map[string]any{"released": true, "previous": shown}, func(w io.Writer) {
-		fmt.Fprintf(w, "released %s (was %s after %d attempts)\n", key, shown.State, shown.Attempts)
+		fmt.Fprintf(w, "released %s (was %s, attempts: %d)\n", key, shown.State, shown.Attempts)
 	})
 	return exitOK
 }

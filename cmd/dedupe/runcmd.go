@@ -304,7 +304,10 @@ wait:
 		return r.c.endRun(r.rep, "lease_lost", exitRunFailed, fmt.Errorf("the command was stopped (status %d) because the lease was lost; "+
 			"another run may take the key over: %w", status, lostErr))
 	}
-	cause := fmt.Errorf("exit status %d: %s", status, lastLines(result.Body, lastErrorTail))
+	cause := fmt.Errorf("exit status %d", status)
+	if out := lastLines(result.Body, lastErrorTail); out != "" {
+		cause = fmt.Errorf("exit status %d: %s", status, out)
+	}
 	r.failKey(ctx, cause, r.f.onFailure == onFailurePoison && !interrupted)
 	return r.c.endRun(r.rep, "ran", status, nil)
 }

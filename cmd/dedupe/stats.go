@@ -105,7 +105,11 @@ func runStats(ctx context.Context, c *cli, _ any, args []string) int {
 		fmt.Fprintf(w, "total\t\t%d\t\t\n", out.Total)
 		if o := out.Outbox; o != nil {
 			lag := time.Duration(o.OldestPendingSeconds * float64(time.Second)).Round(time.Millisecond)
-			fmt.Fprintf(w, "\noutbox %s: %d pending (oldest %s ago), %d parked\n", o.Table, o.Pending, lag, o.Parked)
+			if o.Pending == 0 {
+				fmt.Fprintf(w, "\noutbox %s: nothing pending, %d parked\n", o.Table, o.Parked)
+			} else {
+				fmt.Fprintf(w, "\noutbox %s: %d pending (oldest %s ago), %d parked\n", o.Table, o.Pending, lag, o.Parked)
+			}
 		} else {
 			fmt.Fprintf(w, "\noutbox %s: no such table\n", ob.Config().OutboxTable)
 		}
