@@ -1,0 +1,288 @@
+package dedupekafka_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactlyonce/dedupe"
+	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
+	"github.com/exactlyonce/dedupe/internal/kafkatest"
+)
+
+type outboxEnv struct {
+	db     *dbtest.DB
+	outbox *dedupe.Outbox
+	pub    *dedupekafka.OutboxPublisher
+}
+
+func outboxSetup(t *testing.T, brokers []string) *outboxEnv {
+	t.Helper()
+	db := dbtest.New(t)
+	if err := dedupe.Migrate(context.Background(), db.Pool, nil); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := dedupe.NewOutbox(db.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := dedupekafka.NewOutboxWriter(brokers...)
+	w.Transport = &kafka.Transport{}
+	w.WriteBackoffMin, w.WriteBackoffMax, w.MaxAttempts = 10*time.Millisecond, 50*time.Millisecond, 2
+	t.Cleanup(func() { _ = w.Close(); w.Transport.(*kafka.Transport).CloseIdleConnections() })
+	pub, err := dedupekafka.NewOutboxPublisher(w, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &outboxEnv{db: db, outbox: ob, pub: pub}
+}
+
+func (e *outboxEnv) enqueue(t *testing.T, msgs ...dedupe.Message) []string {
+	t.Helper()
+	var ids []string
+	err := pgx.BeginFunc(context.Background(), e.db.Pool, func(tx pgx.Tx) error {
+		for _, m := range msgs {
+			id, err := e.outbox.Enqueue(context.Background(), tx, m)
+			if err != nil {
+				return err
+			}
+			ids = append(ids, id)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// consumeAll reads topic from the start until want records arrived (or the
+// deadline passed) and a short quiet period shows no more.
+func consumeAll(t *testing.T, brokers []string, topic string, want int) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var out []*kgo.Record
+	deadline := time.Now().Add(15 * time.Second)
+	quietUntil := time.Time{}
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		fs := cl.PollFetches(ctx)
+		cancel()
+		fs.EachRecord(func(r *kgo.Record) { out = append(out, r) })
+		if len(out) >= want {
+			if quietUntil.IsZero() {
+				quietUntil = time.Now().Add(300 * time.Millisecond)
+			} else if time.Now().After(quietUntil) {
+				break
+			}
+		}
+	}
+	return out
+}
+
+func header(r *kgo.Record, k string) string {
+	for _, h := range r.Headers {
+		if h.Key == k {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+func TestOutboxPublisherRefusesUnsafeWriters(t *testing.T) {
+	t.Parallel()
+	for name, w := range map[string]*kafka.Writer{
+		"acks one":    {Addr: kafka.TCP("x"), Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireOne},
+		"round robin": {Addr: kafka.TCP("x"), RequiredAcks: kafka.RequireAll},
+		"async":       {Addr: kafka.TCP("x"), Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, Async: true},
+		"topic":       {Addr: kafka.TCP("x"), Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, Topic: "t"},
+	} {
+		if _, err := dedupekafka.NewOutboxPublisher(w, nil); !errors.Is(err, dedupe.ErrInvalidConfig) {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+}
+
+// TestOutboxPublisherExactlyOnceInKeyOrder: rolled back → nothing; committed
+// by two relays at once → each message once, with its ID in the message-id
+// header, every key in commit order on its partition.
+func TestOutboxPublisherExactlyOnceInKeyOrder(t *testing.T) {
+	t.Parallel()
+	brokers := kafkatest.Cluster(t, 3, "orders")
+	e := outboxSetup(t, brokers)
+	ctx := context.Background()
+
+	tx, err := e.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.outbox.Enqueue(ctx, tx, dedupe.Message{Topic: "orders", Key: "k0", Payload: []byte("rolled back")}); err != nil {
+		t.Fatal(err)
+	}
+	_ = tx.Rollback(ctx)
+
+	r1, err := dedupe.NewRelay(e.outbox, e.pub, dedupe.RelayConfig{DisableListen: true, BatchSize: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, _ := dedupe.NewRelay(e.outbox, e.pub, dedupe.RelayConfig{DisableListen: true, BatchSize: 8})
+	const n, keys = 60, 6
+	var ids []string
+	for i := range n {
+		ids = append(ids, e.enqueue(t, dedupe.Message{Topic: "orders", Key: fmt.Sprint("k", i%keys),
+			Payload: []byte(strconv.Itoa(i)), Headers: map[string][]string{"Source": {"test"}}})...)
+	}
+	var total atomic.Int64
+	errs := make([]error, 2)
+	done := make(chan int, 2)
+	for i, r := range []*dedupe.Relay{r1, r2} {
+		go func() {
+			for {
+				k, err := r.Cycle(ctx)
+				if err != nil {
+					errs[i] = err
+				}
+				if k == 0 || err != nil {
+					done <- i
+					return
+				}
+				total.Add(int64(k))
+			}
+		}()
+	}
+	<-done
+	<-done
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	// One relay may have stopped on an empty cycle while the other still
+	// held keys; drain what is left.
+	for {
+		k, err := r1.Cycle(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k == 0 {
+			break
+		}
+		total.Add(int64(k))
+	}
+	if total.Load() != n {
+		t.Fatalf("relays published %d, want %d", total.Load(), n)
+	}
+	recs := consumeAll(t, brokers, "orders", n)
+	if len(recs) != n {
+		t.Fatalf("topic holds %d records, want %d", len(recs), n)
+	}
+	seen := map[string]int{}
+	last := map[string]int{}
+	partOf := map[string]int32{}
+	for _, r := range recs {
+		seen[header(r, "message-id")]++
+		if header(r, "Source") != "test" {
+			t.Fatalf("headers = %v", r.Headers)
+		}
+		k := string(r.Key)
+		v, _ := strconv.Atoi(string(r.Value))
+		if p, ok := partOf[k]; ok && p != r.Partition {
+			t.Fatalf("key %s on partitions %d and %d", k, p, r.Partition)
+		}
+		partOf[k] = r.Partition
+		if prev, ok := last[k]; ok && v <= prev {
+			t.Fatalf("key %s: %d after %d", k, v, prev)
+		}
+		last[k] = v
+	}
+	for _, id := range ids {
+		if seen[id] != 1 {
+			t.Fatalf("message %s in topic %d times", id, seen[id])
+		}
+	}
+}
+
+// TestOutboxPublisherBrokerDownThenAllArrive stops the broker while messages
+// are committed and starts a new one on the same port: none is parked and
+// all arrive.
+func TestOutboxPublisherBrokerDownThenAllArrive(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	start := func() *kfake.Cluster {
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port), kfake.SeedTopics(2, "orders"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	c := start()
+	brokers := c.ListenAddrs()
+	e := outboxSetup(t, brokers)
+	var failures atomic.Int32
+	relay, err := dedupe.NewRelay(e.outbox, e.pub, dedupe.RelayConfig{PollInterval: 50 * time.Millisecond,
+		PublishTimeout: time.Second, MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, MaxAttempts: 2,
+		Hooks: dedupe.RelayHooks{Failed: func(*dedupe.OutboxMessage, error, bool) { failures.Add(1) }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	c.Close()
+	const n = 30
+	for i := range n {
+		e.enqueue(t, dedupe.Message{Topic: "orders", Key: fmt.Sprint("k", i%4), Payload: []byte(strconv.Itoa(i))})
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for failures.Load() < 4 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if failures.Load() < 4 {
+		t.Fatalf("only %d failed publishes while down", failures.Load())
+	}
+	if p := e.db.Count(t, "SELECT count(*) FROM dedupe_outbox WHERE parked_at IS NOT NULL"); p != 0 {
+		t.Fatalf("outage parked %d", p)
+	}
+	c = start()
+	t.Cleanup(c.Close)
+	deadline = time.Now().Add(20 * time.Second)
+	for e.db.Count(t, "SELECT count(*) FROM dedupe_outbox WHERE published_at IS NULL") > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("messages still pending after the broker came back")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	recs := consumeAll(t, brokers, "orders", n)
+	seen := map[string]bool{}
+	for _, r := range recs {
+		seen[header(r, "message-id")] = true
+	}
+	if len(seen) != n {
+		t.Fatalf("distinct messages after restart = %d (records %d), want %d", len(seen), len(recs), n)
+	}
+}
