@@ -43,8 +43,8 @@ func taskRunFromEnv(getenv func(string) string, mapIndex int) (TaskRun, error) {
 	if r.LogicalDate == "" {
 		r.LogicalDate = getenv(envExecDate)
 	}
-	for name, v := range map[string]string{envDagID: r.DagID, envTaskID: r.TaskID, envRunID: r.RunID} {
-		if v == "" {
+	for _, name := range []string{envDagID, envTaskID, envRunID} {
+		if getenv(name) == "" {
 			return TaskRun{}, fmt.Errorf("%w: %s is not set (is this started by an Airflow task?)", errNoContext, name)
 		}
 	}

@@ -60,7 +60,7 @@ func (w *worker) handle(ctx context.Context, r TaskRun) (dedupe.Outcome, error) 
 
 // write is the task's work, inside the claim's transaction.
 func (w *worker) write(ctx context.Context, tx pgx.Tx, r TaskRun) error {
-	w.log.InfoContext(ctx, "claimed the run; writing", "key", r.Key(), "try", r.Try)
+	w.log.InfoContext(ctx, "claimed the run; writing", "key", r.Key())
 	if _, err := tx.Exec(ctx, sqlInsertLedger, r.DagID, r.TaskID, r.RunID, r.MapIndex, r.LogicalDate, r.Try, w.cfg.amount); err != nil {
 		return err
 	}
