@@ -202,6 +202,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
+// CloseIdleConnections closes the idle connections of the base transport,
+// so that http.Client.CloseIdleConnections reaches it.
+func (t *Transport) CloseIdleConnections() {
+	if c, ok := t.cfg.Base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
 // attempt sends one attempt with the operation's key and a fresh request id.
 func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, body func() (io.ReadCloser, error)) (*http.Response, error) {
 	actx, cancel := ctx, context.CancelFunc(func() {})

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/jackc/pgx/v5"
 )
 
 // Defaults of Config.
@@ -107,6 +108,10 @@ type Config struct {
 	// StoredHeaders are the response headers stored and replayed. Defaults
 	// to DefaultStoredHeaders.
 	StoredHeaders []string
+	// TxOptions are the options of the transaction Tx begins (isolation
+	// level, read-only). Defaults to the database's defaults (read
+	// committed).
+	TxOptions pgx.TxOptions
 	// ErrorHandler writes the middleware's own refusals. Defaults to
 	// WriteError (application/problem+json).
 	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)

@@ -3,6 +3,8 @@ package httpidem
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
+	"net/http"
 )
 
 // NewKey returns a new random Idempotency-Key: a UUID version 4 (RFC 9562)
@@ -24,4 +26,22 @@ func NewKey() string {
 	out[23] = '-'
 	hex.Encode(out[24:36], b[10:16])
 	return string(out[:])
+}
+
+// ValidateKey checks an Idempotency-Key: 1 to MaxKeyLen characters of
+// printable ASCII (space to tilde). It returns an *Error matching
+// ErrKeyInvalid or ErrKeyMissing.
+func ValidateKey(key string) error {
+	switch {
+	case key == "":
+		return newError(http.StatusBadRequest, ErrKeyMissing, "", nil)
+	case len(key) > MaxKeyLen:
+		return newError(http.StatusBadRequest, ErrKeyInvalid, fmt.Sprintf("longer than %d characters", MaxKeyLen), nil)
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x20 || c > 0x7e {
+			return newError(http.StatusBadRequest, ErrKeyInvalid, "not printable ASCII", nil)
+		}
+	}
+	return nil
 }

@@ -32,6 +32,8 @@ type order struct {
 	Block      bool   `json:"block,omitempty"` // insert, then wait on bundle.unblock
 	Kill       bool   `json:"kill,omitempty"`  // once per bundle: insert, then pg_terminate_backend the tx's connection
 	Big        int    `json:"big,omitempty"`   // pad the response with this many bytes
+	Abort      bool   `json:"abort,omitempty"` // once per bundle: insert, then panic(http.ErrAbortHandler)
+	WaitCtx    bool   `json:"wait,omitempty"`  // once per bundle: wait for the request context to end, then fail
 }
 
 type created struct {
@@ -47,6 +49,8 @@ type bundle struct {
 	handler http.Handler // the middleware around the orders handler
 	calls   atomic.Int64 // how often the orders handler ran
 	killed  atomic.Bool
+	aborted atomic.Bool
+	waited  atomic.Bool
 	blocked chan struct{}
 	unblock chan struct{}
 }
@@ -113,6 +117,15 @@ func (b *bundle) createOrder(w http.ResponseWriter, r *http.Request) {
 	case in.Block:
 		b.blocked <- struct{}{}
 		<-b.unblock
+	case in.Abort && b.aborted.CompareAndSwap(false, true):
+		panic(http.ErrAbortHandler)
+	case in.WaitCtx && b.waited.CompareAndSwap(false, true):
+		b.blocked <- struct{}{}
+		<-r.Context().Done()
+		if _, err := tx.Exec(r.Context(), "SELECT 1"); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
 	case in.Kill && b.killed.CompareAndSwap(false, true):
 		var pid uint32
 		if err := tx.QueryRow(r.Context(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {

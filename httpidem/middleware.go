@@ -171,24 +171,6 @@ func (m *Middleware) keyOf(r *http.Request) (string, error) {
 	return vals[0], ValidateKey(vals[0])
 }
 
-// ValidateKey checks an Idempotency-Key: 1 to MaxKeyLen characters of
-// printable ASCII (space to tilde). It returns an *Error matching
-// ErrKeyInvalid or ErrKeyMissing.
-func ValidateKey(key string) error {
-	switch {
-	case key == "":
-		return newError(http.StatusBadRequest, ErrKeyMissing, "", nil)
-	case len(key) > MaxKeyLen:
-		return newError(http.StatusBadRequest, ErrKeyInvalid, fmt.Sprintf("longer than %d characters", MaxKeyLen), nil)
-	}
-	for i := 0; i < len(key); i++ {
-		if c := key[i]; c < 0x20 || c > 0x7e {
-			return newError(http.StatusBadRequest, ErrKeyInvalid, "not printable ASCII", nil)
-		}
-	}
-	return nil
-}
-
 // readBody reads the whole body (bounded) and puts a replayable copy back.
 func (m *Middleware) readBody(r *http.Request) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
@@ -226,14 +208,14 @@ func replay(w http.ResponseWriter, res *dedupe.Result) {
 
 // execute runs the handler for a claimed key and settles the claim.
 func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, claim *dedupe.Claim, body []byte) {
-	req := &request{db: m.db, claim: claim}
+	req := &request{db: m.db, claim: claim, txOpts: m.cfg.TxOptions}
 	ctx, cancel := context.WithTimeout(context.WithValue(r.Context(), requestKey{}, req), m.cfg.Inbox.Lease)
 	defer cancel()
 	rec := newRecorder(m.cfg.MaxResponseBytes, m.cfg.Oversize == OversizeStoreHead)
 	r = r.WithContext(ctx)
 	r.Body = io.NopCloser(bytes.NewReader(body))
 
-	panicked := m.run(rec, r, next)
+	panicked, aborted := m.run(rec, r, next)
 	tx := req.takeTx()
 	// Settling must finish even when the client went away, or the key would
 	// stay in flight until its lease ends.
@@ -242,6 +224,12 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	log := m.cfg.Logger.With("key", claim.Key.String())
 
 	switch {
+	case aborted:
+		// The handler asked net/http to abort the connection: no answer
+		// reaches the client, so nothing is stored and a retry executes.
+		rollback(sctx, tx)
+		m.release(sctx, claim, errors.New("handler aborted the response"), log)
+		panic(http.ErrAbortHandler)
 	case panicked != nil:
 		rollback(sctx, tx)
 		rec = newRecorder(m.cfg.MaxResponseBytes, false)
@@ -272,12 +260,13 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 }
 
 // run calls the handler and returns a *PanicError-wrapping *Error if it
-// panicked.
-func (m *Middleware) run(rec *recorder, r *http.Request, next http.Handler) (panicked error) {
+// panicked, or aborted when it panicked with http.ErrAbortHandler.
+func (m *Middleware) run(rec *recorder, r *http.Request, next http.Handler) (panicked error, aborted bool) {
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler {
-				panic(v) // the handler asks net/http to abort the connection
+				aborted = true
+				return
 			}
 			pe := &dedupe.PanicError{Value: v, Stack: debug.Stack()}
 			m.cfg.Logger.ErrorContext(r.Context(), "httpidem: handler panicked", "panic", fmt.Sprint(v), "stack", string(pe.Stack))
@@ -285,7 +274,7 @@ func (m *Middleware) run(rec *recorder, r *http.Request, next http.Handler) (pan
 		}
 	}()
 	next.ServeHTTP(rec, r)
-	return nil
+	return nil, false
 }
 
 // commit stores the result with the handler's work (in its transaction, if

@@ -1,7 +1,9 @@
 package httpidem_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -460,5 +462,55 @@ func TestConfigValidation(t *testing.T) {
 	got := b.mw.Config()
 	if got.Inbox.Lease != 90*time.Second || got.Inbox.Retention != 24*time.Hour || got.Header != "Idempotency-Key" {
 		t.Errorf("defaults = lease %v retention %v header %q", got.Inbox.Lease, got.Inbox.Retention, got.Header)
+	}
+}
+
+func TestAbortedHandlerReleasesTheKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	abort := cart
+	abort.Abort = true
+	func() {
+		defer func() {
+			if v := recover(); v != http.ErrAbortHandler {
+				t.Fatalf("recovered %v, want http.ErrAbortHandler passed on to net/http", v)
+			}
+		}()
+		b.post(t, "acme", "key-abort", abort)
+	}()
+	if got := b.orders(t, "acme"); got != 0 {
+		t.Fatalf("orders = %d after an abort, want 0", got)
+	}
+	r := b.post(t, "acme", "key-abort", abort)
+	if r.status != http.StatusCreated || r.replayed || b.calls.Load() != 2 || b.orders(t, "acme") != 1 {
+		t.Fatalf("retry = %d replayed=%v calls=%d orders=%d, want one fresh execution", r.status, r.replayed, b.calls.Load(), b.orders(t, "acme"))
+	}
+}
+
+func TestClientGoneReleasesTheKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	wait := cart
+	wait.WaitCtx = true
+	payload, _ := json.Marshal(wait)
+	ctx, cancel := context.WithCancel(context.Background())
+	req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/orders", bytes.NewReader(payload))
+	req.Header.Set("X-Tenant-ID", "acme")
+	req.Header.Set("Idempotency-Key", "key-gone")
+	w := httptest.NewRecorder()
+	done := make(chan struct{})
+	go func() { defer close(done); b.handler.ServeHTTP(w, req) }()
+	select {
+	case <-b.blocked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler did not start")
+	}
+	cancel() // the client hangs up mid-request
+	<-done
+	// The 500 caused by the cancellation is not the operation's answer: it
+	// is not stored, and the retry executes.
+	r := b.post(t, "acme", "key-gone", wait)
+	if r.status != http.StatusCreated || r.replayed || b.calls.Load() != 2 || b.orders(t, "acme") != 1 {
+		t.Fatalf("retry = %d replayed=%v %s calls=%d orders=%d, want one fresh execution", r.status, r.replayed, r.body, b.calls.Load(), b.orders(t, "acme"))
 	}
 }

@@ -10,8 +10,9 @@ import (
 
 // request is the per-request state the middleware puts in the context.
 type request struct {
-	db    dedupe.DB
-	claim *dedupe.Claim
+	db     dedupe.DB
+	claim  *dedupe.Claim
+	txOpts pgx.TxOptions
 
 	mu  sync.Mutex
 	tx  pgx.Tx // begun lazily by Tx
@@ -39,7 +40,7 @@ func Tx(ctx context.Context) (pgx.Tx, error) {
 	req.mu.Lock()
 	defer req.mu.Unlock()
 	if req.tx == nil && req.err == nil {
-		tx, err := req.db.Begin(ctx)
+		tx, err := req.db.BeginTx(ctx, req.txOpts)
 		if err != nil {
 			req.err = newError(503, ErrStore, "begin transaction", err)
 		} else {
