@@ -336,3 +336,67 @@ func TestTransportConfigValidation(t *testing.T) {
 		}
 	}
 }
+
+func TestClientRetriesInFlightUntilReplay(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var log attemptLog
+	served := make(chan int, 16)
+	srv, c := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		log.record(r)
+		rec := httptest.NewRecorder()
+		b.handler.ServeHTTP(rec, r)
+		for k, v := range rec.Header() {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(rec.Code)
+		_, _ = w.Write(rec.Body.Bytes())
+		served <- rec.Code
+	}), httpidem.TransportConfig{MaxAttempts: 10})
+	held := cart
+	held.Block = true
+	var first reply
+	done := make(chan struct{})
+	go func() { defer close(done); first = b.post(t, "acme", "key-held", held) }()
+	select {
+	case <-b.blocked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first request did not start")
+	}
+	type result struct {
+		rp  *httpidem.Reply
+		id  int64
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		var out struct{ ID int64 }
+		rp, err := httpidem.PostJSON(context.Background(), c, srv.URL+"/orders", held, &out,
+			httpidem.WithHeader("X-Tenant-ID", "acme"), httpidem.WithKey("key-held"))
+		got <- result{rp, out.ID, err}
+	}()
+	select {
+	case status := <-served:
+		if status != http.StatusConflict {
+			t.Fatalf("the client's first attempt got %d while the key was held, want 409", status)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client never reached the server")
+	}
+	close(b.unblock) // the holder finishes; the client's next attempt is replayed
+	<-done
+	r := <-got
+	if r.err != nil || r.rp.Status != http.StatusCreated || !r.rp.Replayed || r.id != first.id {
+		t.Fatalf("client got %+v id=%d, %v; want the replayed 201 of order %d", r.rp, r.id, r.err, first.id)
+	}
+	log.mu.Lock()
+	n := log.attempts
+	log.mu.Unlock()
+	if n < 2 {
+		t.Fatalf("client made %d attempts, want a 409 then the replay", n)
+	}
+	log.check(t, n, true)
+	if got := b.orders(t, "acme"); got != 1 {
+		t.Fatalf("orders = %d, want 1", got)
+	}
+}
