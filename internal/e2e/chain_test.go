@@ -27,12 +27,12 @@ func TestMain(m *testing.M) { dbtest.VerifyTestMain(m) }
 // Fault kinds, chosen per order by its number. Each fires on the order's
 // first attempt (or delivery) at its step, in service A and again in B.
 const (
-	faultNone       = iota
-	faultError      // the handler returns an error: rolled back, redelivered
-	faultPanic      // the handler panics: rolled back, redelivered
-	faultKillConn   // the transaction's connection is killed (pg_terminate_backend) before commit
-	faultDropAck    // the process "dies" after commit, before the ack: the broker redelivers after AckWait
-	faultWireDup    // the input is published twice on the wire (A) / nothing (B)
+	faultNone     = iota
+	faultError    // the handler returns an error: rolled back, redelivered
+	faultPanic    // the handler panics: rolled back, redelivered
+	faultKillConn // the transaction's connection is killed (pg_terminate_backend) before commit
+	faultDropAck  // the process "dies" after commit, before the ack: the broker redelivers after AckWait
+	faultWireDup  // the input is published twice on the wire (A) / nothing (B)
 	faultKinds
 )
 
