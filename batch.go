@@ -108,7 +108,7 @@ func (i *Inbox) ClaimBatch(ctx context.Context, tx pgx.Tx, keys []Key) ([]*Claim
 	}
 	for _, rec := range recs {
 		n := byKey[[2]string{rec.Key.Scope, rec.Key.ID}]
-		out[n] = classify(keys[n], rec, now)
+		out[n] = classify(keys[n], rec)
 	}
 	for _, it := range items {
 		if out[it.first] == nil {

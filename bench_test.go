@@ -72,8 +72,29 @@ func BenchmarkHandle(b *testing.B) {
 	}
 	run("handwritten", handWritten)
 	run("dedupe", withDedupe)
-	if perOp["dedupe"] > 0 {
-		b.Logf("Handle / hand-written throughput ratio at %d workers: %.3f", workers,
-			float64(perOp["handwritten"])/float64(perOp["dedupe"]))
+
+	// Redeliveries: every message is a duplicate of one already committed.
+	const seeded = 1000
+	for n := range seeded {
+		if err := handWritten(ctx, order{ID: fmt.Sprintf("dup-%d", n)}); err != nil {
+			b.Fatal(err)
+		}
+		if err := withDedupe(ctx, order{ID: fmt.Sprintf("dup-%d", n)}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	runDup := func(name string, f func(context.Context, order) error) {
+		run(name, func(ctx context.Context, _ order) error {
+			return f(ctx, order{ID: fmt.Sprintf("dup-%d", seq.Add(1)%seeded)})
+		})
+	}
+	runDup("handwritten-duplicate", handWritten)
+	runDup("dedupe-duplicate", withDedupe)
+
+	for _, pair := range [][2]string{{"handwritten", "dedupe"}, {"handwritten-duplicate", "dedupe-duplicate"}} {
+		if perOp[pair[1]] > 0 {
+			b.Logf("%s / %s throughput ratio at %d workers: %.3f", pair[1], pair[0], workers,
+				float64(perOp[pair[0]])/float64(perOp[pair[1]]))
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -36,8 +37,8 @@ type ConsumerConfig[M any] struct {
 	// concurrent transaction holding the same key; after it the duplicate is
 	// reported as OutcomeInFlight instead of waiting. It is set with
 	// SET LOCAL, so it bounds every lock wait of the transaction, the
-	// handler's included, and costs one statement per transaction.
-	// Defaults to 0 (wait).
+	// handler's included. It is sent with BEGIN, so it costs no extra round
+	// trip. Defaults to 0 (wait).
 	LockTimeout time.Duration
 	// MaxAttempts is how many failed attempts a message gets before its key
 	// is marked failed. Defaults to the inbox's Config.MaxAttempts; negative
@@ -56,7 +57,6 @@ type Consumer[M any] struct {
 	handler     HandlerFunc[M]
 	txOpts      pgx.TxOptions
 	maxAttempts int
-	lockTimeout string
 }
 
 // NewConsumer returns a Consumer that runs h for each new message.
@@ -85,7 +85,12 @@ func NewConsumer[M any](inbox *Inbox, cfg ConsumerConfig[M], h HandlerFunc[M]) (
 		c.maxAttempts = cfg.MaxAttempts
 	}
 	if cfg.LockTimeout > 0 {
-		c.lockTimeout = fmt.Sprintf("SET LOCAL lock_timeout = %d", max(cfg.LockTimeout.Milliseconds(), 1))
+		// Sent with BEGIN as one simple-protocol query: no extra round trip.
+		begin := "BEGIN"
+		if cfg.IsoLevel != "" {
+			begin += " ISOLATION LEVEL " + strings.ToUpper(string(cfg.IsoLevel))
+		}
+		c.txOpts.BeginQuery = fmt.Sprintf("%s; SET LOCAL lock_timeout = %d", begin, max(cfg.LockTimeout.Milliseconds(), 1))
 	}
 	return c, nil
 }
@@ -151,11 +156,6 @@ func (c *Consumer[M]) attempt(ctx context.Context, key Key, msg M) (Outcome, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
-	if c.lockTimeout != "" {
-		if _, err := tx.Exec(ctx, c.lockTimeout); err != nil {
-			return 0, translate(err)
-		}
-	}
 	claim, err := c.inbox.claim(ctx, tx, key, StateComplete, c.maxAttempts)
 	if err != nil {
 		if errors.Is(err, ErrInFlight) {

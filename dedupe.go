@@ -29,7 +29,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -295,7 +294,9 @@ type Record struct {
 	ExpiresAt   time.Time
 }
 
-func scanRecord(row pgx.Row) (*Record, error) {
+// scanRecord scans recordColumns; with a non-nil taken it scans a leading
+// boolean column into it first.
+func scanRecord(row pgx.Row, taken ...*bool) (*Record, error) {
 	var (
 		r       Record
 		state   string
@@ -304,8 +305,12 @@ func scanRecord(row pgx.Row) (*Record, error) {
 		body    []byte
 		lastErr *string
 	)
-	if err := row.Scan(&r.Key.Scope, &r.Key.ID, &state, &r.Key.Fingerprint, &r.Attempts, &r.Token,
-		&r.LockedUntil, &status, &headers, &body, &lastErr, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt); err != nil {
+	dest := []any{&r.Key.Scope, &r.Key.ID, &state, &r.Key.Fingerprint, &r.Attempts, &r.Token,
+		&r.LockedUntil, &status, &headers, &body, &lastErr, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt}
+	if len(taken) > 0 {
+		dest = append([]any{taken[0]}, dest...)
+	}
+	if err := row.Scan(dest...); err != nil {
 		return nil, err
 	}
 	r.State = State(state)
@@ -341,90 +346,6 @@ func (i *Inbox) lookup(ctx context.Context, q Querier, key Key) (*Record, error)
 		return nil, ErrNotFound
 	}
 	return rec, translate(err)
-}
-
-// Claim claims key inside the caller's transaction tx with one statement, the
-// transactional mode: the claim commits or rolls back with tx. The caller
-// runs its effects only for OutcomeClaimed; for every other outcome it should
-// roll back (or commit nothing of its own).
-//
-// A concurrent transaction holding the same new key makes Claim wait until it
-// ends. On OutcomeDuplicate, Claim.Result holds the stored result.
-func (i *Inbox) Claim(ctx context.Context, tx pgx.Tx, key Key) (*Claim, error) {
-	if err := key.Validate(); err != nil {
-		return nil, err
-	}
-	return i.claim(ctx, tx, key, StateComplete, i.cfg.maxAttemptsParam())
-}
-
-// claim runs the claim upsert with state (complete for transactional, in
-// flight for leased) and classifies an existing row when it was not taken.
-func (i *Inbox) claim(ctx context.Context, q Querier, key Key, state State, maxAttempts int) (*Claim, error) {
-	now := i.cfg.Clock()
-	token := rand.Int64()
-	var lockedUntil *time.Time
-	if state == StateInFlight {
-		t := now.Add(i.cfg.Lease)
-		lockedUntil = &t
-	}
-	expires := now.Add(i.cfg.Retention)
-	for range 3 {
-		var (
-			got      string
-			attempts int
-		)
-		err := q.QueryRow(ctx, i.q.claim, key.Scope, key.ID, string(state), key.Fingerprint, token,
-			lockedUntil, now, expires, maxAttempts).Scan(&got, &attempts)
-		if err == nil {
-			c := &Claim{Key: key, Token: token, Attempt: attempts}
-			if State(got) == StateFailed {
-				c.Outcome = OutcomePoisoned
-				return c, nil
-			}
-			c.Outcome = OutcomeClaimed
-			if lockedUntil != nil {
-				c.LockedUntil = *lockedUntil
-			}
-			return c, nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return nil, translate(err)
-		}
-		rec, err := i.lookup(ctx, q, key)
-		if errors.Is(err, ErrNotFound) {
-			// Released or purged between the two statements (or invisible to
-			// a repeatable-read snapshot): claim again.
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		return classify(key, rec, now), nil
-	}
-	return nil, fmt.Errorf("%w: key %s vanished while being claimed", ErrRetryable, key)
-}
-
-// classify turns an existing row that the claim did not take into an outcome.
-func classify(key Key, rec *Record, now time.Time) *Claim {
-	c := &Claim{Key: key, Attempt: rec.Attempts}
-	if rec.LockedUntil != nil {
-		c.LockedUntil = *rec.LockedUntil
-	}
-	switch {
-	case len(key.Fingerprint) > 0 && len(rec.Key.Fingerprint) > 0 && string(key.Fingerprint) != string(rec.Key.Fingerprint):
-		c.Outcome = OutcomeConflict
-	case rec.State == StateComplete:
-		c.Outcome = OutcomeDuplicate
-		c.Result = rec.Result
-		if c.Result == nil {
-			c.Result = &Result{}
-		}
-	case rec.State == StateFailed:
-		c.Outcome = OutcomePoisoned
-	default:
-		c.Outcome = OutcomeInFlight
-	}
-	return c
 }
 
 // headersJSON encodes result headers for the jsonb column.

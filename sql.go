@@ -4,14 +4,38 @@ import "strings"
 
 // All SQL of the core lives here. {{inbox}} is replaced by the quoted,
 // optionally schema-qualified inbox table when an Inbox is built.
+
+// recordColumns is the column list scanned by scanRecord.
+const recordColumns = `scope, key, state, fingerprint, attempts, token, locked_until,
+    result_status, result_headers, result_body, last_error, created_at, updated_at, expires_at`
+
+// sqlClaimInsert is the claim's first and usually only statement. It inserts
+// a new key (taken = true) or, when the key exists, returns the existing row
+// (taken = false) without locking it, so a duplicate of a committed key costs
+// one cheap statement too. When it returns no row, the conflicting key was
+// committed by a concurrent transaction after this statement's snapshot was
+// taken, and the caller reads it again.
 //
-// The claim is a single upsert: a new key is inserted; an existing key is
-// taken over only when it is in flight with an expired lease (its holder died
-// or a transactional attempt failed) and the fingerprints agree. When the
-// attempts are used up the same statement marks the key failed instead. Any
-// other existing row is left alone and the statement returns no row; only
-// then does the caller read the row to classify it (duplicate, in flight,
-// conflict, failed). The hot path is therefore one round trip.
+// Parameters: $1 scope, $2 key, $3 state to set, $4 fingerprint, $5 token,
+// $6 locked_until, $7 now, $8 expires_at.
+const sqlClaimInsert = `WITH ins AS (
+    INSERT INTO {{inbox}}
+        (scope, key, state, fingerprint, attempts, token, locked_until, created_at, updated_at, expires_at)
+    VALUES ($1, $2, $3, $4, 1, $5, $6, $7, $7, $8)
+    ON CONFLICT (scope, key) DO NOTHING
+    RETURNING ` + recordColumns + `
+)
+SELECT true, ` + recordColumns + ` FROM ins
+UNION ALL
+SELECT false, ` + recordColumns + ` FROM {{inbox}}
+WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT FROM ins)`
+
+// sqlClaim takes over an existing key that is in flight with an expired
+// lease (its holder died or a transactional attempt failed) when the
+// fingerprints agree; when the attempts are used up it marks the key failed
+// instead. Any other row is left alone and no row is returned. The upsert
+// form makes the takeover atomic: concurrent takeovers queue on the row lock
+// and re-check the condition against the winner's version.
 //
 // Parameters: $1 scope, $2 key, $3 state to set, $4 fingerprint, $5 token,
 // $6 locked_until, $7 now, $8 expires_at, $9 max attempts (0 = no limit).
@@ -52,10 +76,6 @@ WHERE t.state = 'in_flight'
   AND t.locked_until <= EXCLUDED.updated_at
   AND (t.fingerprint IS NULL OR EXCLUDED.fingerprint IS NULL OR t.fingerprint = EXCLUDED.fingerprint)
 RETURNING t.scope, t.key, t.state, t.attempts`
-
-// recordColumns is the column list scanned by scanRecord.
-const recordColumns = `scope, key, state, fingerprint, attempts, token, locked_until,
-    result_status, result_headers, result_body, last_error, created_at, updated_at, expires_at`
 
 // sqlLookup reads one row. $1 scope, $2 key.
 const sqlLookup = `SELECT ` + recordColumns + ` FROM {{inbox}} WHERE scope = $1 AND key = $2`
@@ -137,13 +157,14 @@ FROM {{inbox}} GROUP BY scope, state ORDER BY scope, state`
 
 // queries holds the SQL of one Inbox with its table name filled in.
 type queries struct {
-	claim, claimBatch, lookup, lookupBatch, recordFailure, storeResult string
-	complete, fail, extend, release, purge, stats                      string
+	claimInsert, claim, claimBatch, lookup, lookupBatch, recordFailure, storeResult string
+	complete, fail, extend, release, purge, stats                                   string
 }
 
 func newQueries(table string) queries {
 	r := strings.NewReplacer("{{inbox}}", table)
 	return queries{
+		claimInsert:   r.Replace(sqlClaimInsert),
 		claim:         r.Replace(sqlClaim),
 		claimBatch:    r.Replace(sqlClaimBatch),
 		lookup:        r.Replace(sqlLookup),

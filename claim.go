@@ -1,0 +1,147 @@
+package dedupe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Claim claims key inside the caller's transaction tx, the transactional
+// mode: the claim commits or rolls back with tx. The caller runs its effects
+// only for OutcomeClaimed; for every other outcome it should roll back (or
+// commit nothing of its own).
+//
+// A new key, and a duplicate of a key committed before, cost one statement.
+// A concurrent transaction holding the same new key makes Claim wait until it
+// ends, then read the key once more. On OutcomeDuplicate, Claim.Result holds
+// the stored result.
+func (i *Inbox) Claim(ctx context.Context, tx pgx.Tx, key Key) (*Claim, error) {
+	if err := key.Validate(); err != nil {
+		return nil, err
+	}
+	return i.claim(ctx, tx, key, StateComplete, i.cfg.maxAttemptsParam())
+}
+
+// claimArgs are the parameters shared by sqlClaimInsert and sqlClaim.
+type claimArgs struct {
+	key         Key
+	state       State
+	token       int64
+	lockedUntil *time.Time
+	now         time.Time
+	expires     time.Time
+	maxAttempts int
+}
+
+// claim claims key with state (complete for transactional, in flight for
+// leased). The first statement inserts a new key or, when the key exists and
+// was committed before the statement began, returns its row. Only an
+// in-flight key whose lease expired goes on to the takeover upsert, and only
+// a key committed concurrently (invisible to the first statement's snapshot)
+// needs a second read.
+func (i *Inbox) claim(ctx context.Context, q Querier, key Key, state State, maxAttempts int) (*Claim, error) {
+	a := claimArgs{key: key, state: state, token: rand.Int64(), now: i.cfg.Clock(), maxAttempts: maxAttempts}
+	if state == StateInFlight {
+		t := a.now.Add(i.cfg.Lease)
+		a.lockedUntil = &t
+	}
+	a.expires = a.now.Add(i.cfg.Retention)
+
+	for range 3 {
+		var (
+			taken bool
+			rec   *Record
+		)
+		row := q.QueryRow(ctx, i.q.claimInsert, key.Scope, key.ID, string(state), key.Fingerprint, a.token,
+			a.lockedUntil, a.now, a.expires)
+		rec, err := scanRecord(row, &taken)
+		switch {
+		case err == nil && taken:
+			return a.claimed(1), nil
+		case err == nil:
+			// An existing row, visible to this statement.
+		case errors.Is(err, pgx.ErrNoRows):
+			// The key was committed by a transaction we waited for: read it
+			// with a fresh snapshot.
+			if rec, err = i.lookup(ctx, q, key); errors.Is(err, ErrNotFound) {
+				continue // it rolled back its claim after all, or was released
+			} else if err != nil {
+				return nil, err
+			}
+		default:
+			return nil, translate(err)
+		}
+		if rec.State != StateInFlight || rec.LockedUntil == nil || rec.LockedUntil.After(a.now) {
+			return classify(key, rec), nil
+		}
+		// In flight with an expired lease: its holder died or its attempt
+		// failed. Take it over atomically (or find it poisoned).
+		c, err := i.takeover(ctx, q, a)
+		if c != nil || err != nil {
+			return c, err
+		}
+		if rec, err = i.lookup(ctx, q, key); errors.Is(err, ErrNotFound) {
+			continue
+		} else if err != nil {
+			return nil, err
+		}
+		return classify(key, rec), nil
+	}
+	return nil, fmt.Errorf("%w: key %s vanished while being claimed", ErrRetryable, key)
+}
+
+// takeover runs the takeover upsert; a nil claim means the row was not taken
+// (another attempt took it first, or the fingerprints differ).
+func (i *Inbox) takeover(ctx context.Context, q Querier, a claimArgs) (*Claim, error) {
+	var (
+		got      string
+		attempts int
+	)
+	err := q.QueryRow(ctx, i.q.claim, a.key.Scope, a.key.ID, string(a.state), a.key.Fingerprint, a.token,
+		a.lockedUntil, a.now, a.expires, a.maxAttempts).Scan(&got, &attempts)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, translate(err)
+	}
+	if State(got) == StateFailed {
+		return &Claim{Key: a.key, Outcome: OutcomePoisoned, Attempt: attempts}, nil
+	}
+	return a.claimed(attempts), nil
+}
+
+func (a claimArgs) claimed(attempt int) *Claim {
+	c := &Claim{Key: a.key, Outcome: OutcomeClaimed, Token: a.token, Attempt: attempt}
+	if a.lockedUntil != nil {
+		c.LockedUntil = *a.lockedUntil
+	}
+	return c
+}
+
+// classify turns an existing row that the claim did not take into an outcome.
+func classify(key Key, rec *Record) *Claim {
+	c := &Claim{Key: key, Attempt: rec.Attempts}
+	if rec.LockedUntil != nil {
+		c.LockedUntil = *rec.LockedUntil
+	}
+	switch {
+	case len(key.Fingerprint) > 0 && len(rec.Key.Fingerprint) > 0 && string(key.Fingerprint) != string(rec.Key.Fingerprint):
+		c.Outcome = OutcomeConflict
+	case rec.State == StateComplete:
+		c.Outcome = OutcomeDuplicate
+		c.Result = rec.Result
+		if c.Result == nil {
+			c.Result = &Result{}
+		}
+	case rec.State == StateFailed:
+		c.Outcome = OutcomePoisoned
+	default:
+		c.Outcome = OutcomeInFlight
+	}
+	return c
+}
