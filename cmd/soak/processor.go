@@ -15,7 +15,7 @@ import (
 // (random faults must never poison a key; the run's timeout bounds it
 // instead), and the leased transport's short lease.
 func soakConfig(e *env) *dedupe.Config {
-	return &dedupe.Config{MaxAttempts: -1, Lease: e.soak.opts.lease, Logger: e.soak.log}
+	return &dedupe.Config{MaxAttempts: -1, Lease: e.soak.opts.lease, Logger: e.soak.libLog()}
 }
 
 // effect writes the one effect of message id inside tx.

@@ -70,7 +70,8 @@ func (s *soak) appName(role string) string {
 	return "dsoak-" + strings.TrimPrefix(s.schema, "soak_") + "-" + role
 }
 
-// pool connects to the soak's schema with application name app.
+// pool connects to the soak's schema with application name app. The
+// terminator may kill the very first connection, so it tries a few times.
 func (s *soak) pool(ctx context.Context, app string, maxConns int32) (*pgxpool.Pool, error) {
 	cfg, err := poolConfig(s.opts.dsn, s.schema, app, maxConns)
 	if err != nil {
@@ -80,11 +81,17 @@ func (s *soak) pool(ctx context.Context, app string, maxConns int32) (*pgxpool.P
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
-	if err := p.Ping(ctx); err != nil {
-		p.Close()
-		return nil, fmt.Errorf("connect: %w", err)
+	for try := 0; ; try++ {
+		err = p.Ping(ctx)
+		if err == nil {
+			return p, nil
+		}
+		if try == 20 || ctx.Err() != nil {
+			p.Close()
+			return nil, fmt.Errorf("connect: %w", err)
+		}
+		time.Sleep(25 * time.Millisecond)
 	}
-	return p, nil
 }
 
 // poolConfig parses dsn and sets the search_path and application_name.
@@ -166,4 +173,13 @@ func (s *soak) runTransport(parent context.Context, name string) (*report, error
 	rep.faults = f
 	rep.runErr = runErr
 	return rep, runErr
+}
+
+// libLog is the logger handed to the library: the injected faults make it
+// log errors by design, so it is silent unless -v.
+func (s *soak) libLog() *slog.Logger {
+	if s.opts.verbose {
+		return s.log
+	}
+	return slog.New(slog.DiscardHandler)
 }

@@ -104,7 +104,7 @@ func TestSoakWithFaultsExactlyOneEffectEach(t *testing.T) {
 func TestSoakExternalTransportsWithFaults(t *testing.T) {
 	t.Parallel()
 	code, lines := runSoak(t, "-n", "400", "-dup", "0.3", "-seed", "43", "-workers", "3",
-		"-transports", "nats,kafka,kafka-batch,webhook",
+		"-transports", "nats,kafka,kafka-batch,webhook,httpidem",
 		"-error-rate", "0.05", "-panic-rate", "0.03", "-redeliver-rate", "0.05",
 		"-kill-rate", "0.3", "-kills", "1", "-restart-every", "400ms",
 		"-terminate-every", "30ms", "-timeout", "50s")
@@ -116,6 +116,7 @@ func TestSoakExternalTransportsWithFaults(t *testing.T) {
 		"kafka":       {"errors", "panics", "killed", "stopped"},
 		"kafka-batch": {"errors", "killed", "stopped"},
 		"webhook":     {"errors", "panics", "killed", "stopped", "redelivered"},
+		"httpidem":    {"errors", "panics", "killed", "stopped", "redelivered"},
 	}
 	for tr, kinds := range want {
 		f, ok := lines[tr]

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/adapters/webhook"
@@ -31,17 +32,38 @@ var webhookKey = []byte("dedupe-soak-standard-webhooks-k!")
 // receiver is closed abruptly at random (its requests in flight are cut) and
 // restarted; the subprocess is killed mid-transaction.
 func runWebhook(ctx context.Context, e *env, inputs []string) error {
+	return runHTTP(ctx, e, inputs, webhookKind)
+}
+
+// httpKind is one HTTP transport: how to build its server and its requests.
+type httpKind struct {
+	// server builds the in-process receiver (parent) over pool.
+	server func(ctx context.Context, e *env, pool *pgxpool.Pool) (http.Handler, error)
+	// request builds one delivery of id to addr.
+	request func(ctx context.Context, addr, id string) (*http.Request, error)
+}
+
+var webhookKind = httpKind{
+	server: func(_ context.Context, e *env, pool *pgxpool.Pool) (http.Handler, error) {
+		inbox, err := dedupe.New(pool, soakConfig(e))
+		if err != nil {
+			return nil, err
+		}
+		return newWebhookHandler(inbox, e, faultyHandler[webhook.Event](e, nil))
+	},
+	request: webhookRequest,
+}
+
+// runHTTP soaks an HTTP transport: senders deliver every input to one of two
+// in-process servers or the server subprocess until one accepts it.
+func runHTTP(ctx context.Context, e *env, inputs []string, kind httpKind) error {
 	o := e.soak.opts
 	pool, err := e.consumerPool(ctx, int32(o.workers)*3+1)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	inbox, err := dedupe.New(pool, soakConfig(e))
-	if err != nil {
-		return err
-	}
-	h, err := newWebhookHandler(inbox, e, faultyHandler[webhook.Event](e, nil))
+	h, err := kind.server(ctx, e, pool)
 	if err != nil {
 		return err
 	}
@@ -63,7 +85,7 @@ func runWebhook(ctx context.Context, e *env, inputs []string) error {
 			}
 		},
 		feed: func(ctx context.Context) error {
-			err := sendAll(ctx, e, client, inputs, func() string {
+			err := sendAll(ctx, e, client, inputs, kind.request, func() string {
 				for {
 					if t := targets[e.faults.intn(len(targets))].Load(); t != nil {
 						return *t
@@ -95,7 +117,7 @@ func newWebhookHandler(inbox *dedupe.Inbox, e *env, h dedupe.HandlerFunc[webhook
 			Endpoint:    e.scope,
 			LockTimeout: 2 * time.Second,
 			RetryAfter:  time.Second,
-			Logger:      e.soak.log,
+			Logger:      e.soak.libLog(),
 			OnError:     func(*http.Request, int, error) {},
 		},
 	}, h)
@@ -123,14 +145,15 @@ func serveWebhook(ctx context.Context, addr string, h http.Handler, listening fu
 }
 
 // sendAll posts every input with -workers senders until each got a 2xx.
-func sendAll(ctx context.Context, e *env, client *http.Client, inputs []string, target func() string) error {
+func sendAll(ctx context.Context, e *env, client *http.Client, inputs []string,
+	request func(ctx context.Context, addr, id string) (*http.Request, error), target func() string) error {
 	work := make(chan string)
 	var wg sync.WaitGroup
 	for range e.soak.opts.workers {
 		wg.Go(func() {
 			for id := range work {
 				for resend := true; resend; {
-					if !deliverWebhook(ctx, e, client, id, target) {
+					if !deliver(ctx, e, client, id, request, target) {
 						return
 					}
 					resend = e.faults.hit(faultRedeliver)
@@ -149,39 +172,49 @@ func sendAll(ctx context.Context, e *env, client *http.Client, inputs []string, 
 	return nil
 }
 
-// deliverWebhook posts one event until a receiver accepts it; false when ctx
+// deliver posts one input until a server accepts it (2xx); false when ctx
 // ended first.
-func deliverWebhook(ctx context.Context, e *env, client *http.Client, id string, target func() string) bool {
-	body := []byte(`{"type":"order.paid","data":{"order":"` + id + `"}}`)
+func deliver(ctx context.Context, e *env, client *http.Client, id string,
+	request func(ctx context.Context, addr, id string) (*http.Request, error), target func() string) bool {
 	for ctx.Err() == nil {
 		addr := target()
 		if addr == "" {
 			return false
 		}
-		ts := strconv.FormatInt(time.Now().Unix(), 10)
-		m := hmac.New(sha256.New, webhookKey)
-		fmt.Fprintf(m, "%s.%s.%s", id, ts, body)
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/hook", bytes.NewReader(body))
+		req, err := request(ctx, addr, id)
 		if err != nil {
 			return false
 		}
-		req.Header.Set(webhook.StandardIDHeader, id)
-		req.Header.Set(webhook.StandardTimestampHeader, ts)
-		req.Header.Set(webhook.StandardSignatureHeader, "v1,"+base64.StdEncoding.EncodeToString(m.Sum(nil)))
-		req.Header.Set("Content-Type", "application/json")
 		resp, err := client.Do(req)
 		if err == nil {
 			_ = resp.Body.Close()
 			if resp.StatusCode/100 == 2 {
 				return true
 			}
-			if resp.StatusCode/100 == 4 {
-				e.soak.log.Error("soak: webhook refused", "id", id, "status", resp.StatusCode)
+			if resp.StatusCode/100 == 4 && resp.StatusCode != http.StatusConflict {
+				e.soak.log.Error("soak: request refused", "id", id, "status", resp.StatusCode)
 			}
 		}
 		sleepCtx(ctx, 10*time.Millisecond)
 	}
 	return false
+}
+
+// webhookRequest is a Standard Webhooks delivery of id, signed now.
+func webhookRequest(ctx context.Context, addr, id string) (*http.Request, error) {
+	body := []byte(`{"type":"order.paid","data":{"order":"` + id + `"}}`)
+	ts := strconv.FormatInt(time.Now().Unix(), 10)
+	m := hmac.New(sha256.New, webhookKey)
+	fmt.Fprintf(m, "%s.%s.%s", id, ts, body)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/hook", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set(webhook.StandardIDHeader, id)
+	req.Header.Set(webhook.StandardTimestampHeader, ts)
+	req.Header.Set(webhook.StandardSignatureHeader, "v1,"+base64.StdEncoding.EncodeToString(m.Sum(nil)))
+	req.Header.Set("Content-Type", "application/json")
+	return req, nil
 }
 
 // webhookChild is the webhook receiver subprocess: it reports its address,
