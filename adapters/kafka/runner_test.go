@@ -496,3 +496,37 @@ func TestFingerprintConflictDeadLettered(t *testing.T) {
 		})
 	}
 }
+
+// A second member joins while the first is mid-stream: the rebalance hands
+// partitions over with offsets not yet committed, and the exact count holds.
+func TestMemberJoinsMidStream(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	const total = 3000
+	var msgs []kafka.Message
+	for n := range total {
+		msgs = append(msgs, msg(fmt.Sprintf("j-%d", n), "", []byte("x")))
+	}
+	slow := func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
+		time.Sleep(100 * time.Microsecond)
+		return insertEffect(ctx, tx, m)
+	}
+	cfg := dedupekafka.Config{BatchSize: 50}
+	m1 := b.start(t, cfg, slow)
+	b.produce(t, msgs...)
+	waitFor(t, 30*time.Second, "the first member to be under way", func() bool { return b.effects(t) >= total/10 })
+	m2 := b.start(t, cfg, slow)
+	b.waitDrained(t, 45*time.Second)
+	if n := b.effects(t); n != total {
+		t.Fatalf("effects = %d, want %d", n, total)
+	}
+	if n := b.db.Count(t, "SELECT count(DISTINCT msg_id) FROM effects"); n != total {
+		t.Fatalf("distinct effects = %d, want %d", n, total)
+	}
+	s1, s2 := m1.runner.Stats(), m2.runner.Stats()
+	if s2.Fetched == 0 {
+		t.Fatalf("the second member never got a partition: %+v", s2)
+	}
+	t.Logf("first %+v", s1)
+	t.Logf("second %+v", s2)
+}
