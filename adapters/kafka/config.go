@@ -70,7 +70,8 @@ type Config struct {
 	Fingerprint func(msg kafka.Message) []byte
 	// BatchSize is how many messages of one partition are claimed with one
 	// statement and handled in one transaction. 1 is per-message mode (one
-	// transaction and one offset commit per message). Defaults to 1.
+	// transaction and one offset commit per message). Defaults to 1 for New
+	// and to DefaultBatchHandlerSize (100) for NewBatch.
 	BatchSize int
 	// Linger is how long a partition worker waits for more messages to fill a
 	// batch once it has at least one. Only used when BatchSize > 1. Defaults

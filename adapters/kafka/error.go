@@ -7,7 +7,7 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
-// ErrNoGroup is returned by New when the reader is not in a consumer group:
+// ErrNoGroup is returned by New and NewBatch when the reader is not in a consumer group:
 // without a group there are no committed offsets to move after the database
 // commit, and no group id to default the scope to.
 var ErrNoGroup = errors.New("dedupekafka: reader has no GroupID")
@@ -15,8 +15,9 @@ var ErrNoGroup = errors.New("dedupekafka: reader has no GroupID")
 // ErrDeadLetter is matched by every *DeadLetterError.
 var ErrDeadLetter = errors.New("dedupekafka: dead-letter write failed")
 
-// DeadLetterError reports that a poison message could not be written to the
-// dead-letter topic; its offset is not committed until the write succeeds.
+// DeadLetterError reports (in the runner's log) that a given-up message could
+// not be written to the dead-letter topic; the write is retried and the
+// message's offset is not committed until it succeeds.
 type DeadLetterError struct {
 	Topic     string
 	Partition int
