@@ -20,6 +20,8 @@ var (
 	ErrKeyInvalid = errors.New("httpidem: Idempotency-Key is invalid")
 	// ErrNoTenant (401): Config.Tenant found no tenant for the request.
 	ErrNoTenant = errors.New("httpidem: no tenant for the request")
+	// ErrBodyUnreadable (400): reading the request body failed.
+	ErrBodyUnreadable = errors.New("httpidem: request body could not be read")
 	// ErrRequestTooLarge (413): the body is over Config.MaxRequestBytes.
 	ErrRequestTooLarge = errors.New("httpidem: request body too large")
 	// ErrInFlight (409): a request with the same key is still being
@@ -119,6 +121,7 @@ var statusOf = []struct {
 	{ErrKeyMissing, http.StatusBadRequest},
 	{ErrKeyInvalid, http.StatusBadRequest},
 	{ErrNoTenant, http.StatusUnauthorized},
+	{ErrBodyUnreadable, http.StatusBadRequest},
 	{ErrRequestTooLarge, http.StatusRequestEntityTooLarge},
 	{ErrInFlight, http.StatusConflict},
 	{ErrLeaseLost, http.StatusConflict},

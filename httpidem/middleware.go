@@ -179,7 +179,7 @@ func (m *Middleware) readBody(r *http.Request) ([]byte, error) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, m.cfg.MaxRequestBytes+1))
 	_ = r.Body.Close()
 	if err != nil {
-		return nil, newError(http.StatusBadRequest, ErrRequestTooLarge, "reading the body failed", err)
+		return nil, newError(http.StatusBadRequest, ErrBodyUnreadable, "", err)
 	}
 	if int64(len(body)) > m.cfg.MaxRequestBytes {
 		return nil, newError(http.StatusRequestEntityTooLarge, ErrRequestTooLarge,

@@ -514,3 +514,30 @@ func TestClientGoneReleasesTheKey(t *testing.T) {
 		t.Fatalf("retry = %d replayed=%v %s calls=%d orders=%d, want one fresh execution", r.status, r.replayed, r.body, b.calls.Load(), b.orders(t, "acme"))
 	}
 }
+
+func TestFingerprintWithHeaders(t *testing.T) {
+	t.Parallel()
+	b := setup(t, httpidem.Config{Fingerprint: httpidem.FingerprintWithHeaders("X-Api-Version")})
+	send := func(version, trace string) int {
+		req := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{"cart_id":"c","total_cents":1}`))
+		req.Header.Set("X-Tenant-ID", "acme")
+		req.Header.Set("Idempotency-Key", "key-fp")
+		req.Header.Set("X-Api-Version", version)
+		req.Header.Set("Traceparent", trace)
+		w := httptest.NewRecorder()
+		b.handler.ServeHTTP(w, req)
+		return w.Code
+	}
+	if got := send("2026-01", "t1"); got != 201 {
+		t.Fatalf("first = %d", got)
+	}
+	if got := send("2026-01", "t2"); got != 201 {
+		t.Fatalf("same request, another trace header = %d, want the replayed 201", got)
+	}
+	if got := send("2026-02", "t1"); got != 422 {
+		t.Fatalf("another API version = %d, want 422", got)
+	}
+	if b.calls.Load() != 1 {
+		t.Fatalf("handler ran %d times, want 1", b.calls.Load())
+	}
+}
