@@ -126,17 +126,33 @@ func (m *Migrator) Down(ctx context.Context, target int) ([]int, error) {
 	return reverted, err
 }
 
-// Status reports every known migration and whether it is applied.
+// Status reports every known migration and whether it is applied. It only
+// reads: a database never migrated reports every migration as pending.
 func (m *Migrator) Status(ctx context.Context) ([]MigrationStatus, error) {
-	var out []MigrationStatus
-	err := m.locked(ctx, func(_ pgx.Tx, done map[int]time.Time) error {
-		for _, mig := range m.migrations {
-			at, ok := done[mig.Version]
-			out = append(out, MigrationStatus{Version: mig.Version, Name: mig.Name, Applied: ok, AppliedAt: at})
+	var exists bool
+	if err := m.db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", m.tracking).Scan(&exists); err != nil {
+		return nil, err
+	}
+	done := map[int]time.Time{}
+	if exists {
+		rows, err := m.db.Query(ctx, "SELECT version, applied_at FROM "+m.tracking+" WHERE table_name = $1", m.cfg.Table)
+		if err != nil {
+			return nil, err
 		}
-		return nil
-	})
-	return out, err
+		var (
+			v  int
+			at time.Time
+		)
+		if _, err := pgx.ForEachRow(rows, []any{&v, &at}, func() error { done[v] = at; return nil }); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]MigrationStatus, 0, len(m.migrations))
+	for _, mig := range m.migrations {
+		at, ok := done[mig.Version]
+		out = append(out, MigrationStatus{Version: mig.Version, Name: mig.Name, Applied: ok, AppliedAt: at})
+	}
+	return out, nil
 }
 
 // locked runs f in a transaction holding the migration lock, with the

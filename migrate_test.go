@@ -100,3 +100,19 @@ func TestPlainSQLFileIsCurrent(t *testing.T) {
 		t.Fatalf("plain SQL does not apply: %v", err)
 	}
 }
+
+func TestMigratorStatusIsReadOnly(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	m, err := dedupe.NewMigrator(db.Pool, &dedupe.Config{Schema: db.Schema + "_never"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := m.Status(context.Background())
+	if err != nil || len(st) == 0 || st[0].Applied {
+		t.Fatalf("status = %+v, %v; want all pending", st, err)
+	}
+	if n := db.Count(t, "SELECT count(*) FROM pg_namespace WHERE nspname = $1", db.Schema+"_never"); n != 0 {
+		t.Fatal("Status created the schema")
+	}
+}
