@@ -18,7 +18,7 @@ func TestBenchTinyRunReportsEveryRow(t *testing.T) {
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
 	code := run(context.Background(), []string{"-dsn", dbtest.BaseURL(t), "-duration", "150ms", "-warmup", "20ms",
-		"-workers", "1,2", "-batch", "10", "-inbox-rows", "2000", "-size-workers", "2", "-markdown"}, &stdout, &stderr)
+		"-workers", "1,2", "-batch", "10", "-inbox-rows", "2000", "-size-workers", "2", "-transport-msgs", "60", "-markdown"}, &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("exit code %d: %s", code, stderr.String())
 	}
@@ -26,7 +26,7 @@ func TestBenchTinyRunReportsEveryRow(t *testing.T) {
 	t.Log(out)
 	rows := map[string]int{}
 	for _, line := range strings.Split(out, "\n") {
-		if !strings.HasPrefix(line, "| ") || strings.HasPrefix(line, "| scenario") || strings.HasPrefix(line, "| inbox rows") || strings.HasPrefix(line, "| run ") {
+		if !strings.HasPrefix(line, "| ") || strings.HasPrefix(line, "| scenario") || strings.HasPrefix(line, "| inbox rows") || strings.HasPrefix(line, "| run ") || strings.HasPrefix(line, "| consumer ") {
 			continue
 		}
 		cells := strings.Split(strings.Trim(line, "| "), " | ")
@@ -42,6 +42,12 @@ func TestBenchTinyRunReportsEveryRow(t *testing.T) {
 			t.Errorf("scenario %q: %d rows, want 2 (one per worker count)", sc.name, rows[sc.name])
 		}
 	}
+	for _, name := range []string{"hand-written JetStream consumer", "dedupenats.Runner", "hand-written kafka-go consumer",
+		"dedupekafka.Runner", "hand-written outbox relay → JetStream", "dedupe.Relay → JetStream"} {
+		if rows[name] != 2 {
+			t.Errorf("transport %q: %d rows, want 2", name, rows[name])
+		}
+	}
 	for _, want := range []string{"0", "2000", "Handle, no purge", "Handle while Purge runs"} {
 		if rows[want] != 1 {
 			t.Errorf("row %q: %d, want 1", want, rows[want])
@@ -50,7 +56,7 @@ func TestBenchTinyRunReportsEveryRow(t *testing.T) {
 	if !strings.Contains(out, "purged 2000 of 2000 expired keys") {
 		t.Errorf("the purge did not delete every expired key:\n%s", out)
 	}
-	if strings.Count(out, "×") < 3*2+2 {
+	if strings.Count(out, "×") < 3*2+2+3*2 {
 		t.Errorf("missing ratios:\n%s", out)
 	}
 }

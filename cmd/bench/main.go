@@ -1,7 +1,9 @@
 // Command bench measures dedupe against the hand-written equivalent on the
 // local PostgreSQL, side by side in the same run: a transaction with the
 // effect only, a hand-written claim plus effect, Consumer.Handle, hand-written
-// batch SQL and Inbox.ClaimBatch, each for 1, 8 and 32 workers. It prints
+// batch SQL and Inbox.ClaimBatch, each for 1, 8 and 32 workers, and the
+// NATS JetStream runner, the Kafka runner and the outbox relay against
+// hand-written consumers and a hand-written relay. It prints
 // throughput, p50/p99 latency and the ratio to the baseline; it then measures
 // how the cost grows with the size of the inbox and what a retention purge
 // costs the consumers that run meanwhile.

@@ -112,3 +112,5 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	case <-t.C:
 	}
 }
+
+func sortDurations(d []time.Duration) { slices.Sort(d) }

@@ -31,6 +31,9 @@ type options struct {
 	only        []string
 	transports  bool
 	rounds      int
+	// transportMsgs is how many messages each transport row drains.
+	transportMsgs    int
+	transportTimeout time.Duration
 }
 
 func parseOptions(args []string, stderr io.Writer) (*options, error) {
@@ -50,6 +53,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxConns, "max-conns", 34, "connections of the pool at most (PostgreSQL's max_connections is shared)")
 	fs.StringVar(&only, "only", "", "comma-separated substrings: run only the scenarios whose name contains one")
 	fs.BoolVar(&o.transports, "transports", true, "also measure the NATS and Kafka runners against hand-written consumers")
+	fs.IntVar(&o.transportMsgs, "transport-msgs", 2000, "messages each transport row publishes and drains")
+	fs.DurationVar(&o.transportTimeout, "transport-timeout", 5*time.Minute, "the transport section fails after this")
 	fs.IntVar(&o.rounds, "rounds", 1, "repeat the main sweep this often and keep the median round per row")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -93,6 +98,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("-batch must be at least 1")
 	case o.sizeWorkers < 1:
 		return nil, errors.New("-size-workers must be at least 1")
+	case o.transportMsgs < 1:
+		return nil, errors.New("-transport-msgs must be at least 1")
 	case o.rounds < 1:
 		return nil, errors.New("-rounds must be at least 1")
 	case o.maxConns < 2:

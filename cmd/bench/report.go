@@ -34,6 +34,15 @@ func (rep *report) tables() []table {
 		}
 		ts = append(ts, t)
 	}
+	if len(rep.transports) > 0 {
+		t := table{title: fmt.Sprintf("Transports: drain %d pre-published messages (workers = JetStream workers, Kafka partitions, relays)", rep.opts.transportMsgs),
+			headers: []string{"consumer", "workers", "msgs/s", "p50", "p99", "latency of", "vs", "ratio"}}
+		for _, r := range rep.transports {
+			t.rows = append(t.rows, []string{r.scenario, fmt.Sprint(r.workers), fmt.Sprintf("%.0f", r.throughput()),
+				dur(r.p50), dur(r.p99), r.unit, or(r.baseline, "—"), ratio(r)})
+		}
+		ts = append(ts, t)
+	}
 	if len(rep.purge) > 0 {
 		t := table{title: fmt.Sprintf("Retention purge while consumers run (%d workers)", rep.opts.sizeWorkers),
 			headers: []string{"run", "msgs/s", "p50", "p99", "ratio", "note"}}

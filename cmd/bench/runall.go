@@ -19,12 +19,14 @@ import (
 
 // report is everything one run measured.
 type report struct {
-	opts    *options
-	main    []*result
-	sizes   []*result // scenario holds the inbox size
-	purge   []*result
-	started time.Time
-	server  string
+	opts  *options
+	main  []*result
+	sizes []*result // scenario holds the inbox size
+	purge []*result
+	// transports drain a fixed number of messages per row.
+	transports []*result
+	started    time.Time
+	server     string
 }
 
 // runAll sets up a private schema, measures every section and drops the

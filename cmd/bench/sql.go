@@ -45,3 +45,14 @@ const sqlAnalyze = `ANALYZE dedupe_inbox`
 
 // sqlCountInbox counts the inbox's rows.
 const sqlCountInbox = `SELECT count(*) FROM dedupe_inbox`
+
+// sqlResetOutbox empties the outbox between rows of the transport table.
+const sqlResetOutbox = `TRUNCATE dedupe_outbox`
+
+// sqlHandRelayClaim is the hand-written relay's claim of a batch of pending
+// rows. $1 limit.
+const sqlHandRelayClaim = `SELECT id, message_id, topic, payload FROM dedupe_outbox
+WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
+
+// sqlHandRelayMark marks a published batch. $1 ids.
+const sqlHandRelayMark = `UPDATE dedupe_outbox SET published_at = now() WHERE id = ANY($1)`
