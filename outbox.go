@@ -68,6 +68,7 @@ type Outbox struct {
 	table    string
 	q        outboxQueries
 	lockSeed int64
+	quiet    bool
 }
 
 // NewOutbox returns the outbox of cfg (nil for the defaults): the table
@@ -97,6 +98,17 @@ var defaultOutbox, _ = newOutbox(nil, nil)
 
 // Config returns the outbox's configuration with defaults filled in.
 func (o *Outbox) Config() Config { return o.cfg }
+
+// WithoutNotify returns a copy of the outbox whose Enqueue sends no NOTIFY,
+// so relays find its messages by polling only (RelayConfig.PollInterval).
+// PostgreSQL serializes the commits of all transactions that sent a NOTIFY
+// in a database; where commit throughput matters more than publish latency,
+// this lifts that limit (see the benchmark in adapters/nats).
+func (o *Outbox) WithoutNotify() *Outbox {
+	c := *o
+	c.quiet = true
+	return &c
+}
 
 // Enqueue writes msg into the default outbox (table "dedupe_outbox" on the
 // search_path) inside tx, the caller's transaction; see Outbox.Enqueue.
@@ -133,7 +145,11 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Querier, msg Message) (string, 
 	if payload == nil {
 		payload = []byte{}
 	}
-	if _, err := tx.Exec(ctx, o.q.enqueue, msg.ID, msg.Topic, msg.Key, headers, payload,
+	q := o.q.enqueue
+	if o.quiet {
+		q = o.q.enqueueQuiet
+	}
+	if _, err := tx.Exec(ctx, q, msg.ID, msg.Topic, msg.Key, headers, payload,
 		o.cfg.Clock(), o.lockSeed); err != nil {
 		return "", translate(err)
 	}

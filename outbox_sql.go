@@ -39,6 +39,16 @@ const sqlOutboxEnqueue = `WITH lock AS MATERIALIZED (
 )
 SELECT pg_notify('` + outboxChannelPrefix + `' || tableoid::text, '') FROM ins`
 
+// sqlOutboxEnqueueQuiet is sqlOutboxEnqueue without the notification.
+const sqlOutboxEnqueueQuiet = `WITH lock AS MATERIALIZED (
+    SELECT count(*) AS n FROM (
+        SELECT pg_advisory_xact_lock(hashtextextended($2::text || '/' || $3::text, $7::bigint))
+        WHERE $3::text <> '') l
+)
+INSERT INTO {{outbox}} (message_id, topic, key, headers, payload, next_attempt_at, created_at)
+SELECT $1, $2, $3, $4, $5, $6, $6 FROM lock
+ON CONFLICT (message_id) DO NOTHING`
+
 // outboxChannelPrefix prefixes the table's oid to name its NOTIFY channel, so
 // that outboxes in different schemas do not wake each other's relays.
 const outboxChannelPrefix = "dedupe_outbox_"
@@ -114,14 +124,15 @@ WHERE message_id = $1 AND parked_at IS NOT NULL AND published_at IS NULL`
 
 // outboxQueries holds the SQL of one Outbox with its table name filled in.
 type outboxQueries struct {
-	enqueue, channel, claimHeads, claimFollowers, markPublished, deletePublished string
-	recordFailures, cleanup, stats, parked, unpark                               string
+	enqueue, enqueueQuiet, channel, claimHeads, claimFollowers, markPublished, deletePublished string
+	recordFailures, cleanup, stats, parked, unpark                                             string
 }
 
 func newOutboxQueries(table string) outboxQueries {
 	r := strings.NewReplacer("{{outbox}}", table)
 	return outboxQueries{
 		enqueue:         r.Replace(sqlOutboxEnqueue),
+		enqueueQuiet:    r.Replace(sqlOutboxEnqueueQuiet),
 		channel:         sqlOutboxChannel,
 		claimHeads:      r.Replace(sqlOutboxClaimHeads),
 		claimFollowers:  r.Replace(sqlOutboxClaimFollowers),

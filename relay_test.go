@@ -449,3 +449,28 @@ func TestRelayCleanupKeepsRetention(t *testing.T) {
 		t.Fatalf("rows left after DeletePublished = %d", n)
 	}
 }
+
+// TestRelayWithoutNotifyWaitsForThePoll: a quiet outbox sends no NOTIFY, so
+// a listening relay with a long poll does not see its message until a
+// notifying enqueue wakes it.
+func TestRelayWithoutNotifyWaitsForThePoll(t *testing.T) {
+	t.Parallel()
+	b := setupOutbox(t)
+	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, nil)
+	quiet := b.outbox.WithoutNotify()
+	rec := newRecorder()
+	runRelay(t, b.relay(t, rec, dedupe.RelayConfig{PollInterval: time.Minute}))
+	time.Sleep(200 * time.Millisecond) // the first poll has run
+	if err := pgx.BeginFunc(context.Background(), b.db.Pool, func(tx pgx.Tx) error {
+		_, err := quiet.Enqueue(context.Background(), tx, dedupe.Message{Topic: "t", Payload: []byte("quiet")})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if got, _, _ := rec.snapshot(); len(got) != 0 {
+		t.Fatalf("quiet message published without a wake-up: %d", len(got))
+	}
+	b.enqueue(t, dedupe.Message{Topic: "t", Payload: []byte("loud")})
+	waitFor(t, 5*time.Second, "both after the notification", func() bool { got, _, _ := rec.snapshot(); return len(got) == 2 })
+}

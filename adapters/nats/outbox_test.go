@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -389,4 +390,175 @@ func TestOutboxPublisherBrokerDownThenAllArrive(t *testing.T) {
 	if got := len(e.streamMsgs(t)); got != n+1 {
 		t.Fatalf("stream holds %d, want %d", got, n+1)
 	}
+}
+
+// BenchmarkOutboxRelay measures the outbox from commit to JetStream ack: 4
+// writers commit one message per transaction (with one business row) while
+// one relay publishes, woken by LISTEN/NOTIFY (outbox-notify) or polling
+// every 20ms with a WithoutNotify outbox (outbox-poll-20ms). It reports
+// msgs/s end to end, commits/s of the writers, the latency from commit to
+// broker ack (p50, p99), and the throughput ratio to the hand-written dual
+// write run first in the same process (direct: commit, then a synchronous
+// js.Publish, which loses the message if the process dies in between).
+func BenchmarkOutboxRelay(b *testing.B) {
+	srv := natstest.Server(b)
+	nc := natstest.Connect(b, srv)
+	ctx := context.Background()
+	const writers = 4
+	var direct, outbox float64
+
+	b.Run("direct", func(b *testing.B) {
+		e := outboxBenchSetup(b, nc)
+		b.ResetTimer()
+		start := time.Now()
+		outboxBenchWriters(b, writers, func(i int) error {
+			if err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `INSERT INTO effects (n) VALUES ($1)`, i)
+				return err
+			}); err != nil {
+				return err
+			}
+			_, err := e.js.Publish(ctx, "orders.created", []byte(strconv.Itoa(i)), jetstream.WithMsgID(nuidLike(i)))
+			return err
+		})
+		direct = float64(b.N) / time.Since(start).Seconds()
+		b.ReportMetric(direct, "msgs/s")
+	})
+
+	runOutbox := func(b *testing.B, quiet bool, poll time.Duration) {
+		e := outboxBenchSetup(b, nc)
+		var (
+			mu        sync.Mutex
+			committed = make(map[string]time.Time, b.N)
+			lat       = make([]time.Duration, 0, b.N)
+			acked     atomic.Int64
+		)
+		pub := publisherFunc(func(ctx context.Context, msgs []*dedupe.OutboxMessage) []error {
+			errs := e.pub.Publish(ctx, msgs)
+			now := time.Now()
+			mu.Lock()
+			for i, m := range msgs {
+				if errs == nil || errs[i] == nil {
+					lat = append(lat, now.Sub(committed[m.ID]))
+					acked.Add(1)
+				}
+			}
+			mu.Unlock()
+			return errs
+		})
+		ob := e.outbox
+		if quiet {
+			ob = ob.WithoutNotify()
+		}
+		relay, err := dedupe.NewRelay(e.outbox, pub, dedupe.RelayConfig{PollInterval: poll})
+		if err != nil {
+			b.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- relay.Run(rctx) }()
+		defer func() { cancel(); <-done }()
+		time.Sleep(50 * time.Millisecond) // LISTEN established
+		b.ResetTimer()
+		start := time.Now()
+		outboxBenchWriters(b, writers, func(i int) error {
+			tx, err := e.db.Pool.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback(ctx) //nolint:errcheck
+			if _, err := tx.Exec(ctx, `INSERT INTO effects (n) VALUES ($1)`, i); err != nil {
+				return err
+			}
+			id, err := ob.Enqueue(ctx, tx, dedupe.Message{Topic: "orders.created", Payload: []byte(strconv.Itoa(i))})
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			committed[id] = time.Now()
+			mu.Unlock()
+			return tx.Commit(ctx)
+		})
+		writersDone := time.Since(start)
+		deadline := time.Now().Add(30 * time.Second)
+		for acked.Load() < int64(b.N) {
+			if time.Now().After(deadline) {
+				b.Fatalf("only %d of %d acked", acked.Load(), b.N)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		elapsed := time.Since(start)
+		b.StopTimer()
+		rate := float64(b.N) / elapsed.Seconds()
+		if !quiet {
+			outbox = rate
+		}
+		mu.Lock()
+		slices.Sort(lat)
+		p50, p99 := lat[len(lat)/2], lat[len(lat)*99/100]
+		mu.Unlock()
+		b.ReportMetric(rate, "msgs/s")
+		b.ReportMetric(float64(p50.Microseconds())/1000, "p50-ms")
+		b.ReportMetric(float64(p99.Microseconds())/1000, "p99-ms")
+		b.ReportMetric(float64(b.N)/writersDone.Seconds(), "commits/s")
+		if direct > 0 {
+			b.ReportMetric(rate/direct, "x-direct")
+		}
+	}
+	b.Run("outbox-notify", func(b *testing.B) { runOutbox(b, false, time.Second) })
+	b.Run("outbox-poll-20ms", func(b *testing.B) { runOutbox(b, true, 20*time.Millisecond) })
+	if direct > 0 && outbox > 0 {
+		b.Logf("outbox/direct throughput ratio: %.2f (outbox %.0f msgs/s, direct dual write %.0f msgs/s)", outbox/direct, outbox, direct)
+	}
+}
+
+func outboxBenchSetup(b *testing.B, nc *nats.Conn) *outboxEnv {
+	b.Helper()
+	ctx := context.Background()
+	db := dbtest.New(b)
+	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
+		b.Fatal(err)
+	}
+	db.Exec(b, `CREATE TABLE effects (n int NOT NULL)`)
+	ob, _ := dedupe.NewOutbox(db.Pool, nil)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	_ = js.DeleteStream(ctx, "ORDERS") // from the previous round
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}, Duplicates: time.Minute})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pub, _ := dedupenats.NewOutboxPublisher(js, &dedupenats.OutboxPublisherConfig{Stream: "ORDERS"})
+	return &outboxEnv{db: db, outbox: ob, js: js, stream: st, pub: pub}
+}
+
+// outboxBenchWriters runs op for i in [0, b.N) on n goroutines.
+func outboxBenchWriters(b *testing.B, n int, op func(i int) error) {
+	var next atomic.Int64
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for w := range n {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= b.N {
+					return
+				}
+				if err := op(i); err != nil {
+					errs[w] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func nuidLike(i int) string {
+	return "direct-" + strconv.Itoa(i) + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 }
