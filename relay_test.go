@@ -325,15 +325,52 @@ func TestRelayListenNotifyWakesAndSurvivesKilledConnection(t *testing.T) {
 	waitFor(t, 5*time.Second, "notified publish after reconnect", published(2))
 }
 
-// TestRelayPollingFallback: without LISTEN the poll still delivers.
-func TestRelayPollingFallback(t *testing.T) {
+// TestRelayPollingFallbackAndHooks: without LISTEN the poll still delivers,
+// and the metrics hooks see the queue, the publishes with their lag, and the
+// failures.
+func TestRelayPollingFallbackAndHooks(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
 	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, nil)
 	rec := newRecorder()
-	runRelay(t, b.relay(t, rec, dedupe.RelayConfig{DisableListen: true, PollInterval: 30 * time.Millisecond}))
-	b.enqueue(t, dedupe.Message{Topic: "t"}, dedupe.Message{Topic: "t"})
-	waitFor(t, 5*time.Second, "polled publish", func() bool { got, _, _ := rec.snapshot(); return len(got) == 2 })
+	rec.setFail(func(m *dedupe.OutboxMessage) error {
+		if string(m.Payload) == "fail" {
+			return errors.New("refused")
+		}
+		return nil
+	})
+	var (
+		mu       sync.Mutex
+		queued   []dedupe.OutboxStats
+		lags     []time.Duration
+		failures int
+	)
+	hooks := dedupe.RelayHooks{
+		Queued:    func(s dedupe.OutboxStats) { mu.Lock(); queued = append(queued, s); mu.Unlock() },
+		Published: func(_ *dedupe.OutboxMessage, lag time.Duration) { mu.Lock(); lags = append(lags, lag); mu.Unlock() },
+		Failed:    func(*dedupe.OutboxMessage, error, bool) { mu.Lock(); failures++; mu.Unlock() },
+	}
+	b.enqueue(t, dedupe.Message{Topic: "t"}, dedupe.Message{Topic: "t"}, dedupe.Message{Topic: "t", Payload: []byte("fail")})
+	runRelay(t, b.relay(t, rec, dedupe.RelayConfig{DisableListen: true, PollInterval: 30 * time.Millisecond,
+		StatsInterval: 10 * time.Millisecond, MinBackoff: time.Hour, MaxBackoff: time.Hour, Hooks: hooks}))
+	waitFor(t, 5*time.Second, "polled publish and stats", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(lags) == 2 && failures == 1 && len(queued) >= 2
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if first := queued[0]; first.Pending != 3 || first.OldestPending <= 0 {
+		t.Fatalf("first stats = %+v", first)
+	}
+	if last := queued[len(queued)-1]; last.Pending != 1 || last.Parked != 0 {
+		t.Fatalf("last stats = %+v", last)
+	}
+	for _, l := range lags {
+		if l <= 0 || l > 5*time.Second {
+			t.Fatalf("lag = %v", l)
+		}
+	}
 }
 
 // TestRelayKilledAfterPublishBeforeMark: the relay's connection dies after

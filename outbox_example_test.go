@@ -1,0 +1,89 @@
+package dedupe_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/dedupe"
+)
+
+// An order and its "order placed" event commit together: the event is
+// published only if the order exists, and the order never exists without its
+// event. A relay publishes what committed; here it prints instead of sending
+// to a broker (see adapters/nats and adapters/kafka for real publishers).
+func ExampleOutbox_Enqueue() {
+	ctx := context.Background()
+	pool, cleanup := exampleDB()
+	defer cleanup()
+	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+		panic(err)
+	}
+	_, _ = pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY)`)
+	outbox, err := dedupe.NewOutbox(pool, nil)
+	if err != nil {
+		panic(err)
+	}
+
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ('o-1')`); err != nil {
+			return err
+		}
+		_, err := outbox.Enqueue(ctx, tx, dedupe.Message{ID: "order-placed-o-1", Topic: "orders.placed", Key: "o-1",
+			Payload: []byte(`{"order":"o-1"}`)})
+		return err
+	})
+	if err != nil {
+		panic(err)
+	}
+
+	printer := dedupe.PublishFunc(func(ctx context.Context, m *dedupe.OutboxMessage) error {
+		fmt.Printf("publish %s to %s: %s\n", m.ID, m.Topic, m.Payload)
+		return nil
+	})
+	relay, err := dedupe.NewRelay(outbox, printer, dedupe.RelayConfig{})
+	if err != nil {
+		panic(err)
+	}
+	// Run(ctx) loops until cancelled; one cycle shows the effect.
+	n, err := relay.Cycle(ctx)
+	fmt.Println(n, err)
+	n, err = relay.Cycle(ctx)
+	fmt.Println(n, err)
+	// Output:
+	// publish order-placed-o-1 to orders.placed: {"order":"o-1"}
+	// 1 <nil>
+	// 0 <nil>
+}
+
+// A relay runs next to the service until shutdown; several may run at once.
+func ExampleRelay_Run() {
+	ctx, cancel := context.WithCancel(context.Background())
+	pool, cleanup := exampleDB()
+	defer cleanup()
+	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+		panic(err)
+	}
+	outbox, _ := dedupe.NewOutbox(pool, nil)
+	published := make(chan string)
+	pub := dedupe.PublishFunc(func(ctx context.Context, m *dedupe.OutboxMessage) error {
+		published <- string(m.Payload)
+		return nil
+	})
+	relay, _ := dedupe.NewRelay(outbox, pub, dedupe.RelayConfig{})
+	done := make(chan error)
+	go func() { done <- relay.Run(ctx) }()
+
+	// Any transaction that commits wakes the relay through LISTEN/NOTIFY.
+	_ = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := dedupe.Enqueue(ctx, tx, dedupe.Message{Topic: "greetings", Payload: []byte("hello")})
+		return err
+	})
+	fmt.Println(<-published)
+	cancel()
+	fmt.Println(<-done)
+	// Output:
+	// hello
+	// <nil>
+}
