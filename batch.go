@@ -15,7 +15,8 @@ import (
 // statement (plus one read when some keys already exist), for transports that
 // deliver batches. The result is parallel to keys. A key that appears more
 // than once in keys is claimed once: its later occurrences report
-// OutcomeDuplicate with an empty Result.
+// OutcomeDuplicate with an empty Result, or OutcomeConflict when their
+// fingerprint differs from the first occurrence's.
 //
 // As with Claim, the caller runs effects only for OutcomeClaimed and the
 // claims commit or roll back with tx. If one message of the batch fails, roll
@@ -42,8 +43,11 @@ func (i *Inbox) ClaimBatch(ctx context.Context, tx pgx.Tx, keys []Key) ([]*Claim
 	var items []item
 	for n, k := range keys {
 		id := [2]string{k.Scope, k.ID}
-		if _, ok := byKey[id]; ok {
+		if first, ok := byKey[id]; ok {
 			out[n] = &Claim{Key: k, Outcome: OutcomeDuplicate, Result: &Result{}}
+			if fp := keys[first].Fingerprint; len(fp) > 0 && len(k.Fingerprint) > 0 && string(fp) != string(k.Fingerprint) {
+				out[n] = &Claim{Key: k, Outcome: OutcomeConflict}
+			}
 			continue
 		}
 		byKey[id] = n

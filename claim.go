@@ -145,3 +145,59 @@ func classify(key Key, rec *Record) *Claim {
 	}
 	return c
 }
+
+// StoreResultTx stores r with a claim made in transactional mode (Claim,
+// ClaimBatch), inside the same transaction tx, so that duplicates get r back
+// once tx commits. It is refused with ErrLeaseLost when the claim is not
+// this transaction's.
+func (i *Inbox) StoreResultTx(ctx context.Context, tx Querier, c *Claim, r Result) error {
+	if c == nil || c.Outcome != OutcomeClaimed {
+		return fmt.Errorf("%w: StoreResultTx needs a claim with outcome claimed", ErrLeaseLost)
+	}
+	headers, err := headersJSON(r.Headers)
+	if err != nil {
+		return fmt.Errorf("dedupe: encode result headers: %w", err)
+	}
+	tag, err := tx.Exec(ctx, i.q.storeResult, c.Key.Scope, c.Key.ID, r.Status, headers, r.Body, c.Token)
+	if err != nil {
+		return translate(err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%w: %s (token %d)", ErrLeaseLost, c.Key, c.Token)
+	}
+	return nil
+}
+
+// RecordFailure counts a failed transactional attempt of key after its
+// transaction rolled back (the claim went with it), for adapters that run
+// handlers themselves; Consumer.Handle does this on its own. When the
+// attempts (Config.MaxAttempts) are used up, or cause is Permanent, the key is
+// marked failed and poisoned is true. A key that meanwhile completed, or that
+// a live lease holds, is left alone and attempts is 0.
+func (i *Inbox) RecordFailure(ctx context.Context, key Key, cause error) (attempts int, poisoned bool, err error) {
+	if err := key.Validate(); err != nil {
+		return 0, false, err
+	}
+	return i.recordFailure(ctx, key, cause, i.cfg.maxAttemptsParam())
+}
+
+func (i *Inbox) recordFailure(ctx context.Context, key Key, cause error, maxAttempts int) (int, bool, error) {
+	msg := "failed"
+	if cause != nil {
+		msg = cause.Error()
+	}
+	now := i.cfg.Clock()
+	var (
+		state    string
+		attempts int
+	)
+	err := i.db.QueryRow(ctx, i.q.recordFailure, key.Scope, key.ID, key.Fingerprint, now,
+		now.Add(i.cfg.Retention), maxAttempts, IsPermanent(cause), msg).Scan(&state, &attempts)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, translate(err)
+	}
+	return attempts, State(state) == StateFailed, nil
+}

@@ -192,7 +192,7 @@ func (c *Consumer[M]) attempt(ctx context.Context, key Key, msg M) (Outcome, err
 		if err != nil {
 			return 0, fmt.Errorf("dedupe: encode result headers: %w", err)
 		}
-		if _, err := tx.Exec(ctx, c.inbox.q.storeResult, key.Scope, key.ID, p.Status, headers, p.Body); err != nil {
+		if _, err := tx.Exec(ctx, c.inbox.q.storeResult, key.Scope, key.ID, p.Status, headers, p.Body, claim.Token); err != nil {
 			return 0, translate(err)
 		}
 	}
@@ -219,21 +219,15 @@ func (c *Consumer[M]) failed(ctx context.Context, claim *Claim, herr error) (Out
 		// Cancelled (shutdown): not the message's fault, not an attempt.
 		return OutcomeRetry, &HandlerError{Key: key, Attempt: claim.Attempt, Err: herr}
 	}
-	now := c.inbox.cfg.Clock()
-	var (
-		state    string
-		attempts int
-	)
-	err := c.inbox.db.QueryRow(ctx, c.inbox.q.recordFailure, key.Scope, key.ID, key.Fingerprint, now,
-		now.Add(c.inbox.cfg.Retention), c.maxAttempts, IsPermanent(herr), herr.Error()).Scan(&state, &attempts)
-	if err != nil && !isNoRows(err) {
+	attempts, poisoned, err := c.inbox.recordFailure(ctx, key, herr, c.maxAttempts)
+	if err != nil {
 		c.inbox.cfg.Logger.ErrorContext(ctx, "dedupe: record failed attempt", "scope", key.Scope, "key", key.ID, "err", err)
-		return OutcomeRetry, &HandlerError{Key: key, Attempt: claim.Attempt, Err: errors.Join(herr, translate(err))}
+		return OutcomeRetry, &HandlerError{Key: key, Attempt: claim.Attempt, Err: errors.Join(herr, err)}
 	}
-	if err == nil {
+	if attempts > 0 {
 		claim.Attempt = attempts
 	}
-	he := &HandlerError{Key: key, Attempt: claim.Attempt, Err: herr, Poisoned: State(state) == StateFailed}
+	he := &HandlerError{Key: key, Attempt: claim.Attempt, Err: herr, Poisoned: poisoned}
 	if he.Poisoned {
 		c.inbox.cfg.Logger.ErrorContext(ctx, "dedupe: key marked failed", "scope", key.Scope, "key", key.ID,
 			"attempts", claim.Attempt, "err", herr)

@@ -194,3 +194,68 @@ func TestNewValidatesConfig(t *testing.T) {
 		t.Errorf("nil db: %v", err)
 	}
 }
+
+func TestStoreResultTxAndRecordFailure(t *testing.T) {
+	t.Parallel()
+	b := setup(t, dedupe.Config{MaxAttempts: 2})
+	ctx := context.Background()
+	key := dedupe.Key{Scope: "topic", ID: "m-1"}
+
+	// Two failed attempts recorded by an adapter that runs handlers itself.
+	for want := 1; want <= 2; want++ {
+		attempts, poisoned, err := b.inbox.RecordFailure(ctx, key, errors.New("boom"))
+		if err != nil || attempts != want || poisoned != (want == 2) {
+			t.Fatalf("record failure %d = %d, %v, %v", want, attempts, poisoned, err)
+		}
+	}
+	other := dedupe.Key{Scope: "topic", ID: "m-2"}
+	err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		claims, err := b.inbox.ClaimBatch(ctx, tx, []dedupe.Key{key, other})
+		if err != nil {
+			return err
+		}
+		if claims[0].Outcome != dedupe.OutcomePoisoned || claims[1].Outcome != dedupe.OutcomeClaimed {
+			return fmt.Errorf("outcomes %v %v", claims[0].Outcome, claims[1].Outcome)
+		}
+		if err := b.inbox.StoreResultTx(ctx, tx, claims[0], dedupe.Result{}); !errors.Is(err, dedupe.ErrLeaseLost) {
+			return fmt.Errorf("store on poisoned claim: %v", err)
+		}
+		return b.inbox.StoreResultTx(ctx, tx, claims[1], dedupe.Result{Status: 7, Body: []byte("done")})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := b.inbox.Lookup(ctx, other)
+	if err != nil || rec.Result == nil || rec.Result.Status != 7 || string(rec.Result.Body) != "done" {
+		t.Fatalf("stored = %+v, %v", rec, err)
+	}
+	// A completed key is never touched by a late failure record.
+	if attempts, poisoned, err := b.inbox.RecordFailure(ctx, other, errors.New("late")); err != nil || attempts != 0 || poisoned {
+		t.Fatalf("late failure = %d, %v, %v", attempts, poisoned, err)
+	}
+}
+
+func TestClaimBatchRepeatedKeyOtherFingerprintConflicts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		claims, err := b.inbox.ClaimBatch(ctx, tx, []dedupe.Key{
+			{Scope: "s", ID: "k", Fingerprint: []byte("a")},
+			{Scope: "s", ID: "k", Fingerprint: []byte("a")},
+			{Scope: "s", ID: "k", Fingerprint: []byte("b")},
+		})
+		if err != nil {
+			return err
+		}
+		got := []dedupe.Outcome{claims[0].Outcome, claims[1].Outcome, claims[2].Outcome}
+		want := []dedupe.Outcome{dedupe.OutcomeClaimed, dedupe.OutcomeDuplicate, dedupe.OutcomeConflict}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			return fmt.Errorf("outcomes %v, want %v", got, want)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

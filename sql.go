@@ -106,10 +106,11 @@ ON CONFLICT (scope, key) DO UPDATE SET
 WHERE t.state = 'in_flight' AND (t.locked_until IS NULL OR t.locked_until <= $4::timestamptz)
 RETURNING t.state, t.attempts`
 
-// sqlStoreResult writes a handler's result inside its own transaction.
-// $1 scope, $2 key, $3 status, $4 headers, $5 body.
+// sqlStoreResult writes a transactional claim's result inside its own
+// transaction, fenced by its token. $1 scope, $2 key, $3 status, $4 headers,
+// $5 body, $6 token.
 const sqlStoreResult = `UPDATE {{inbox}} SET result_status = $3, result_headers = $4, result_body = $5
-WHERE scope = $1 AND key = $2`
+WHERE scope = $1 AND key = $2 AND token = $6`
 
 // sqlComplete finishes a leased claim, fenced by its token. $1 scope, $2 key,
 // $3 token, $4 status, $5 headers, $6 body, $7 now, $8 expires_at.
