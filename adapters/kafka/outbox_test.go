@@ -4,13 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"net"
+	"os"
+	"os/signal"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -284,5 +288,37 @@ func TestOutboxPublisherBrokerDownThenAllArrive(t *testing.T) {
 	}
 	if len(seen) != n {
 		t.Fatalf("distinct messages after restart = %d (records %d), want %d", len(seen), len(recs), n)
+	}
+}
+
+// A service publishes its outbox to Kafka; the consumer's inbox claims the
+// message-id header (dedupekafka.KeyFromHeaders(msg, "message-id")).
+func ExampleNewOutboxPublisher() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+		log.Fatal(err)
+	}
+	outbox, err := dedupe.NewOutbox(pool, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	w := dedupekafka.NewOutboxWriter("127.0.0.1:9092")
+	defer w.Close()
+	pub, err := dedupekafka.NewOutboxPublisher(w, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	relay, err := dedupe.NewRelay(outbox, pub, dedupe.RelayConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := relay.Run(ctx); err != nil { // until Ctrl-C
+		log.Fatal(err)
 	}
 }

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"net"
+	"os"
+	"os/signal"
 	"slices"
 	"strconv"
 	"sync"
@@ -561,4 +564,51 @@ func outboxBenchWriters(b *testing.B, n int, op func(i int) error) {
 
 func nuidLike(i int) string {
 	return "direct-" + strconv.Itoa(i) + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+}
+
+// A service publishes its outbox to JetStream. The stream's duplicate window
+// (Duplicates) must outlast the relay's retries for Nats-Msg-Id to drop a
+// re-send; consumers using DefaultKey claim the same ID in their inbox.
+func ExampleNewOutboxPublisher() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+		log.Fatal(err)
+	}
+	nc, err := nats.Connect(nats.DefaultURL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "ORDERS",
+		Subjects: []string{"orders.>"}, Duplicates: 10 * time.Minute}); err != nil {
+		log.Fatal(err)
+	}
+
+	outbox, err := dedupe.NewOutbox(pool, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	pub, err := dedupenats.NewOutboxPublisher(js, &dedupenats.OutboxPublisherConfig{Stream: "ORDERS"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	relay, err := dedupe.NewRelay(outbox, pub, dedupe.RelayConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Handlers elsewhere call outbox.Enqueue(ctx, tx, dedupe.Message{Topic:
+	// "orders.placed", Key: orderID, Payload: body}) in their transaction.
+	if err := relay.Run(ctx); err != nil { // until Ctrl-C
+		log.Fatal(err)
+	}
 }
