@@ -61,11 +61,22 @@ const sqlOutboxChannel = `SELECT '` + outboxChannelPrefix + `' || $1::regclass::
 const outboxColumns = `o.id, o.message_id, o.topic, o.key, o.headers, o.payload, o.attempts,
     o.next_attempt_at, o.parked_at, o.last_error, o.created_at`
 
-// sqlOutboxClaimHeads locks up to $2 due rows that head their key (or have
-// none), skipping rows other relays hold. $1 now, $2 limit.
+// sqlOutboxWindow returns the ids of the oldest pending rows after a cursor:
+// the candidates of one cycle. Bounding them bounds the work of
+// sqlOutboxClaimHeads when a long backlog of a few keys makes most pending
+// rows non-heads; the relay moves the cursor on when a window holds too few
+// heads. $1 cursor, $2 window size.
+const sqlOutboxWindow = `SELECT id FROM {{outbox}} WHERE published_at IS NULL AND id > $1 ORDER BY id LIMIT $2`
+
+// sqlOutboxClaimHeads locks up to $2 due rows among the candidates $3 that
+// head their key (or have none), skipping rows other relays hold. The
+// conditions on o are rechecked on the newest row version when a row was
+// changed since the snapshot, so a row just published by another relay is
+// not taken. $1 now, $2 limit, $3 candidate ids.
 const sqlOutboxClaimHeads = `SELECT ` + outboxColumns + `
 FROM {{outbox}} o
-WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.next_attempt_at <= $1
+WHERE o.id = ANY($3::bigint[])
+  AND o.published_at IS NULL AND o.parked_at IS NULL AND o.next_attempt_at <= $1
   AND (o.key = '' OR NOT EXISTS (
       SELECT 1 FROM {{outbox}} e
       WHERE e.topic = o.topic AND e.key = o.key AND e.id < o.id AND e.published_at IS NULL))
@@ -124,8 +135,8 @@ WHERE message_id = $1 AND parked_at IS NOT NULL AND published_at IS NULL`
 
 // outboxQueries holds the SQL of one Outbox with its table name filled in.
 type outboxQueries struct {
-	enqueue, enqueueQuiet, channel, claimHeads, claimFollowers, markPublished, deletePublished string
-	recordFailures, cleanup, stats, parked, unpark                                             string
+	enqueue, enqueueQuiet, channel, window, claimHeads, claimFollowers, markPublished, deletePublished string
+	recordFailures, cleanup, stats, parked, unpark                                                     string
 }
 
 func newOutboxQueries(table string) outboxQueries {
@@ -134,6 +145,7 @@ func newOutboxQueries(table string) outboxQueries {
 		enqueue:         r.Replace(sqlOutboxEnqueue),
 		enqueueQuiet:    r.Replace(sqlOutboxEnqueueQuiet),
 		channel:         sqlOutboxChannel,
+		window:          r.Replace(sqlOutboxWindow),
 		claimHeads:      r.Replace(sqlOutboxClaimHeads),
 		claimFollowers:  r.Replace(sqlOutboxClaimFollowers),
 		markPublished:   r.Replace(sqlOutboxMarkPublished),

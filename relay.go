@@ -73,6 +73,12 @@ const (
 type RelayConfig struct {
 	// BatchSize bounds the messages claimed per cycle. Defaults to 100.
 	BatchSize int
+	// ScanWindow bounds the pending rows a cycle examines for claimable
+	// ones (the oldest after the relay's cursor). A backlog of a few keys
+	// has few claimable rows (only each key's oldest); the window keeps a
+	// cycle's cost bounded, and the cursor moves on to later rows when a
+	// window yields less than a batch. Defaults to 10 × BatchSize.
+	ScanWindow int
 	// PollInterval is how often the relay looks for messages when no
 	// notification woke it (the fallback of LISTEN/NOTIFY, and the pace of
 	// retries). Defaults to 1s.
@@ -126,6 +132,9 @@ func (c RelayConfig) withDefaults(o *Outbox) (RelayConfig, error) {
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultRelayBatchSize
 	}
+	if c.ScanWindow == 0 {
+		c.ScanWindow = 10 * c.BatchSize
+	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = DefaultRelayMaxAttempts
 	}
@@ -156,6 +165,8 @@ func (c RelayConfig) withDefaults(o *Outbox) (RelayConfig, error) {
 	switch {
 	case c.BatchSize < 0:
 		return c, &ConfigError{Field: "BatchSize", Reason: "must be positive"}
+	case c.ScanWindow < c.BatchSize:
+		return c, &ConfigError{Field: "ScanWindow", Reason: "must be at least BatchSize"}
 	case c.MaxBackoff < c.MinBackoff:
 		return c, &ConfigError{Field: "MaxBackoff", Reason: "must be at least MinBackoff"}
 	}
@@ -175,6 +186,7 @@ type Relay struct {
 	pub     Publisher
 	cfg     RelayConfig
 	running atomic.Bool
+	cursor  atomic.Int64 // the id after which the next cycle's window starts
 }
 
 // NewRelay returns a relay that publishes ob's messages through pub.
@@ -257,7 +269,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			pause = min(max(pause*2, r.cfg.MinBackoff), r.cfg.MaxBackoff)
 			wait = jitter(pause)
 			r.cfg.Logger.WarnContext(ctx, "dedupe: outbox relay cycle failed", "err", err, "retry_in", wait)
-		case res.claimed >= r.cfg.BatchSize:
+		case res.claimed >= r.cfg.BatchSize || res.more:
 			pause = 0
 			continue
 		default:
@@ -361,6 +373,7 @@ func signal(c chan<- struct{}) {
 // cycleResult is what one cycle did.
 type cycleResult struct {
 	claimed, published, failed int
+	more                       bool // the window moved on: look again at once
 }
 
 // Cycle runs one relay cycle: it claims a batch, publishes it and records the
@@ -382,7 +395,8 @@ func (r *Relay) cycle(ctx context.Context) (res cycleResult, err error) {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
-	batch, err := r.claim(ctx, tx)
+	batch, more, err := r.claim(ctx, tx)
+	res.more = more
 	if err != nil || len(batch) == 0 {
 		return res, err
 	}
@@ -477,15 +491,36 @@ func (r *Relay) backoff(attempt int) time.Duration {
 // claim locks a batch in tx: the heads of keys no other relay holds, then the
 // later rows of those keys, in id order. A key's later rows are kept only up
 // to the first one that is not due or is parked, so order holds.
-func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]*OutboxMessage, error) {
+func (r *Relay) claim(ctx context.Context, tx pgx.Tx) (batch []*OutboxMessage, more bool, err error) {
 	now := r.ob.cfg.Clock()
-	rows, err := tx.Query(ctx, r.ob.q.claimHeads, now, r.cfg.BatchSize)
+	cursor := r.cursor.Load()
+	rows, err := tx.Query(ctx, r.ob.q.window, cursor, r.cfg.ScanWindow)
 	if err != nil {
-		return nil, translate(err)
+		return nil, false, translate(err)
 	}
-	batch, err := pgx.CollectRows(rows, scanOutboxMessage)
+	window, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
-		return nil, translate(err)
+		return nil, false, translate(err)
+	}
+	if len(window) > 0 {
+		rows, err = tx.Query(ctx, r.ob.q.claimHeads, now, r.cfg.BatchSize, window)
+		if err != nil {
+			return nil, false, translate(err)
+		}
+		if batch, err = pgx.CollectRows(rows, scanOutboxMessage); err != nil {
+			return nil, false, translate(err)
+		}
+	}
+	switch {
+	case len(window) == r.cfg.ScanWindow && len(batch) < r.cfg.BatchSize:
+		// A full window with room to spare: look further next time.
+		r.cursor.CompareAndSwap(cursor, window[len(window)-1])
+		more = true
+	case len(window) < r.cfg.ScanWindow && cursor > 0:
+		// Reached the end: start from the oldest again, at the next wake-up
+		// or poll (not at once: when every pending row is held back, say
+		// behind a parked message, the relay would spin).
+		r.cursor.CompareAndSwap(cursor, 0)
 	}
 	var topics, keys []string
 	var heads []int64
@@ -497,11 +532,11 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]*OutboxMessage, error) 
 	if room := r.cfg.BatchSize - len(batch); room > 0 && len(heads) > 0 {
 		rows, err := tx.Query(ctx, r.ob.q.claimFollowers, topics, keys, heads, room)
 		if err != nil {
-			return nil, translate(err)
+			return nil, false, translate(err)
 		}
 		followers, err := pgx.CollectRows(rows, scanOutboxMessage)
 		if err != nil {
-			return nil, translate(err)
+			return nil, false, translate(err)
 		}
 		// Rows come in id order; stop a key at its first gap: a row not yet
 		// due or parked, or one cut off by the limit before.
@@ -518,7 +553,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]*OutboxMessage, error) 
 	for _, m := range batch {
 		m.Attempt++ // attempts holds the failures so far
 	}
-	return batch, nil
+	return batch, more, nil
 }
 
 // orderKey is the unit of ordering.

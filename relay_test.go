@@ -511,3 +511,49 @@ func TestRelayWithoutNotifyWaitsForThePoll(t *testing.T) {
 	b.enqueue(t, dedupe.Message{Topic: "t", Payload: []byte("loud")})
 	waitFor(t, 5*time.Second, "both after the notification", func() bool { got, _, _ := rec.snapshot(); return len(got) == 2 })
 }
+
+// TestRelayScanWindowMovesPastBlockedRows: the first windows hold only a
+// parked message and the later messages of its key; the relay moves its
+// window on and publishes the other keys behind them, while the parked key
+// stays held back.
+func TestRelayScanWindowMovesPastBlockedRows(t *testing.T) {
+	t.Parallel()
+	b := setupOutbox(t)
+	rec := newRecorder()
+	rec.setFail(func(m *dedupe.OutboxMessage) error {
+		if string(m.Payload) == "poison" {
+			return dedupe.Permanent(errors.New("never"))
+		}
+		return nil
+	})
+	relay := b.relay(t, rec, dedupe.RelayConfig{BatchSize: 2, ScanWindow: 3})
+	msgs := []dedupe.Message{{Topic: "t", Key: "p", Payload: []byte("poison")}}
+	for i := range 7 {
+		msgs = append(msgs, dedupe.Message{Topic: "t", Key: "p", Payload: []byte(fmt.Sprint("p", i))})
+	}
+	for i := range 3 {
+		msgs = append(msgs, dedupe.Message{Topic: "t", Key: fmt.Sprint("q", i), Payload: []byte(fmt.Sprint("q", i))})
+	}
+	b.enqueue(t, msgs...)
+	for range 12 {
+		if _, err := relay.Cycle(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, _, _ := rec.snapshot()
+	var names []string
+	for _, m := range got {
+		names = append(names, string(m.Payload))
+	}
+	if len(got) != 3 {
+		t.Fatalf("published %v, want q0 q1 q2", names)
+	}
+	for _, m := range got {
+		if m.Key == "p" {
+			t.Fatalf("held-back key published: %v", names)
+		}
+	}
+	if n := b.db.Count(t, "SELECT count(*) FROM dedupe_outbox WHERE parked_at IS NOT NULL"); n != 1 {
+		t.Fatalf("parked = %d", n)
+	}
+}
