@@ -5,6 +5,7 @@ import (
 	crand "crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -158,7 +159,9 @@ func (s *soak) runTransport(parent context.Context, name string) (*report, error
 	if !ok {
 		return nil, fmt.Errorf("unknown transport %q", name)
 	}
-	f := newFaults(s.opts.seed+uint64(len(name)), s.opts.rates)
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	f := newFaults(s.opts.seed^h.Sum64(), s.opts.rates)
 	env := &env{soak: s, name: name, scope: "soak-" + name, app: s.appName(name), faults: f}
 	start := time.Now()
 	runErr := tr.run(s.ctx, env, s.inputs)
