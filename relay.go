@@ -181,6 +181,13 @@ func (c RelayConfig) withDefaults(o *Outbox) (RelayConfig, error) {
 // confirmed it, in the transaction that claimed it; a relay that dies in
 // between leaves the row to be sent again, so delivery is at least once and
 // consumers deduplicate by Message.ID.
+//
+// A failed publish is retried with exponential backoff; after MaxAttempts
+// (or at once for a Permanent error) the message is parked with its error,
+// visible through Outbox.Parked and Outbox.Stats, and it holds back the later
+// messages of its key until an operator unparks it: order is never given up
+// silently. A cycle in which every publish failed is taken for a broker
+// outage: no attempt is counted, and the relay backs off.
 type Relay struct {
 	ob      *Outbox
 	pub     Publisher
