@@ -72,15 +72,19 @@ func runNATS(ctx context.Context, e *env, inputs []string) error {
 	if err != nil {
 		return err
 	}
-	handler := faultyHandler(e, func(msg jetstream.Msg) {
-		if md, err := msg.Metadata(); err == nil && md.NumDelivered > 1 {
-			e.faults.add(faultRedeliver)
-		}
-	})
+	handler := faultyHandler[jetstream.Msg](e, nil)
 	return runExternal(ctx, e, external{
 		consumers: 2,
 		consume: func(ctx context.Context, _ int) error {
-			r, err := dedupenats.New(inbox, cons, handler, natsConfig(e.scope, o.workers))
+			cfg := natsConfig(e.scope, o.workers)
+			// Every delivery after the first is a broker redelivery: after a
+			// nak, a stopped runner, or a killed worker's expired AckWait.
+			cfg.Metrics = dedupenats.MetricsFunc(func(_ context.Context, ev dedupenats.Event) {
+				if ev.Delivery > 1 {
+					e.faults.add(faultRedeliver)
+				}
+			})
+			r, err := dedupenats.New(inbox, cons, handler, cfg)
 			if err != nil {
 				return err
 			}
