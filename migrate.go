@@ -16,15 +16,32 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-//go:embed migrations/*.sql
+//go:embed migrations/*/*.sql
 var migrationFS embed.FS
 
 // migrationLockID is the advisory lock every dedupe migration holds, so that
 // processes starting at once apply each migration exactly once.
 const migrationLockID int64 = 0x6465_6475_7065_6d67 // "dedupemg"
 
-// Migration is one versioned step of the schema, rendered for a Config.
+// Line is one kind of table with its own numbered migrations
+// (migrations/<line>/NNN_name.up.sql and .down.sql), versioned per table, so
+// that an inbox used alone (an HTTP key table, say) never creates an outbox.
+type Line string
+
+// The migration lines.
+const (
+	// LineInbox creates the inbox table, Config.Table.
+	LineInbox Line = "inbox"
+	// LineOutbox creates the transactional outbox table, Config.OutboxTable.
+	LineOutbox Line = "outbox"
+)
+
+// Lines are all migration lines, in the order they are applied.
+var Lines = []Line{LineInbox, LineOutbox}
+
+// Migration is one versioned step of a line, rendered for a Config.
 type Migration struct {
+	Line    Line
 	Version int
 	Name    string
 	Up      string
@@ -33,16 +50,16 @@ type Migration struct {
 
 // MigrationStatus says whether a migration has been applied.
 type MigrationStatus struct {
+	Line      Line
 	Version   int
 	Name      string
 	Applied   bool
 	AppliedAt time.Time
 }
 
-// Migrator applies the embedded, numbered migrations
-// (migrations/NNN_name.up.sql and .down.sql) for one Config: its schema and
-// table names. Versions are recorded per table in dedupe_migration in the
-// same schema.
+// Migrator applies the embedded migrations of some lines for one Config: its
+// schema and table names. Versions are recorded per line and table in
+// dedupe_migration in the same schema.
 type Migrator struct {
 	db         DB
 	cfg        Config
@@ -50,8 +67,9 @@ type Migrator struct {
 	tracking   string
 }
 
-// NewMigrator returns a Migrator for cfg (nil for the defaults).
-func NewMigrator(db DB, cfg *Config) (*Migrator, error) {
+// NewMigrator returns a Migrator for cfg (nil for the defaults) over the given
+// lines, all of them when none is given.
+func NewMigrator(db DB, cfg *Config, lines ...Line) (*Migrator, error) {
 	if db == nil {
 		return nil, &ConfigError{Field: "db", Reason: "must not be nil"}
 	}
@@ -59,17 +77,25 @@ func NewMigrator(db DB, cfg *Config) (*Migrator, error) {
 	if err != nil {
 		return nil, err
 	}
-	ms, err := renderMigrations(c)
-	if err != nil {
-		return nil, err
+	if len(lines) == 0 {
+		lines = Lines
+	}
+	var ms []Migration
+	for _, l := range lines {
+		lm, err := renderLine(c, l)
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, lm...)
 	}
 	return &Migrator{db: db, cfg: c, migrations: ms, tracking: c.qualifiedTable("dedupe_migration")}, nil
 }
 
-// Migrate applies every pending migration for cfg (nil for the defaults). It
-// is idempotent and safe to call from many processes at once.
-func Migrate(ctx context.Context, db DB, cfg *Config) error {
-	m, err := NewMigrator(db, cfg)
+// Migrate applies every pending migration of the given lines (all when none
+// is given) for cfg (nil for the defaults). It is idempotent and safe to call
+// from many processes at once.
+func Migrate(ctx context.Context, db DB, cfg *Config, lines ...Line) error {
+	m, err := NewMigrator(db, cfg, lines...)
 	if err != nil {
 		return err
 	}
@@ -77,49 +103,62 @@ func Migrate(ctx context.Context, db DB, cfg *Config) error {
 	return err
 }
 
-// Migrations returns the rendered migrations, oldest first.
+// Migrations returns the rendered migrations, line by line, oldest first.
 func (m *Migrator) Migrations() []Migration { return slices.Clone(m.migrations) }
 
+// tableOf is the table a line's versions are recorded under.
+func (c *Config) tableOf(l Line) string {
+	if l == LineOutbox {
+		return c.OutboxTable
+	}
+	return c.Table
+}
+
+type migrationID struct {
+	line    Line
+	version int
+}
+
 // Up applies the pending migrations in one transaction under an advisory
-// lock and returns the versions it applied.
-func (m *Migrator) Up(ctx context.Context) ([]int, error) {
-	var applied []int
-	err := m.locked(ctx, func(tx pgx.Tx, done map[int]time.Time) error {
+// lock and returns those it applied.
+func (m *Migrator) Up(ctx context.Context) ([]Migration, error) {
+	var applied []Migration
+	err := m.locked(ctx, func(tx pgx.Tx, done map[migrationID]time.Time) error {
 		for _, mig := range m.migrations {
-			if _, ok := done[mig.Version]; ok {
+			if _, ok := done[migrationID{mig.Line, mig.Version}]; ok {
 				continue
 			}
 			if _, err := tx.Exec(ctx, mig.Up); err != nil {
-				return fmt.Errorf("dedupe: migration %03d_%s: %w", mig.Version, mig.Name, err)
+				return fmt.Errorf("dedupe: migration %s/%03d_%s: %w", mig.Line, mig.Version, mig.Name, err)
 			}
-			if _, err := tx.Exec(ctx, "INSERT INTO "+m.tracking+" (table_name, version, name, applied_at) VALUES ($1, $2, $3, now())",
-				m.cfg.Table, mig.Version, mig.Name); err != nil {
+			if _, err := tx.Exec(ctx, "INSERT INTO "+m.tracking+" (line, table_name, version, name, applied_at) VALUES ($1, $2, $3, $4, now())",
+				string(mig.Line), m.cfg.tableOf(mig.Line), mig.Version, mig.Name); err != nil {
 				return err
 			}
-			applied = append(applied, mig.Version)
+			applied = append(applied, mig)
 		}
 		return nil
 	})
 	return applied, err
 }
 
-// Down reverts applied migrations newer than target (0 reverts all), newest
-// first, and returns the versions it reverted.
-func (m *Migrator) Down(ctx context.Context, target int) ([]int, error) {
-	var reverted []int
-	err := m.locked(ctx, func(tx pgx.Tx, done map[int]time.Time) error {
+// Down reverts applied migrations newer than target (0 reverts all) in each
+// of the migrator's lines, newest first, and returns those it reverted.
+func (m *Migrator) Down(ctx context.Context, target int) ([]Migration, error) {
+	var reverted []Migration
+	err := m.locked(ctx, func(tx pgx.Tx, done map[migrationID]time.Time) error {
 		for _, mig := range slices.Backward(m.migrations) {
-			if _, ok := done[mig.Version]; !ok || mig.Version <= target {
+			if _, ok := done[migrationID{mig.Line, mig.Version}]; !ok || mig.Version <= target {
 				continue
 			}
 			if _, err := tx.Exec(ctx, mig.Down); err != nil {
-				return fmt.Errorf("dedupe: revert %03d_%s: %w", mig.Version, mig.Name, err)
+				return fmt.Errorf("dedupe: revert %s/%03d_%s: %w", mig.Line, mig.Version, mig.Name, err)
 			}
-			if _, err := tx.Exec(ctx, "DELETE FROM "+m.tracking+" WHERE table_name = $1 AND version = $2",
-				m.cfg.Table, mig.Version); err != nil {
+			if _, err := tx.Exec(ctx, "DELETE FROM "+m.tracking+" WHERE line = $1 AND table_name = $2 AND version = $3",
+				string(mig.Line), m.cfg.tableOf(mig.Line), mig.Version); err != nil {
 				return err
 			}
-			reverted = append(reverted, mig.Version)
+			reverted = append(reverted, mig)
 		}
 		return nil
 	})
@@ -133,31 +172,45 @@ func (m *Migrator) Status(ctx context.Context) ([]MigrationStatus, error) {
 	if err := m.db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", m.tracking).Scan(&exists); err != nil {
 		return nil, err
 	}
-	done := map[int]time.Time{}
+	done := map[migrationID]time.Time{}
 	if exists {
-		rows, err := m.db.Query(ctx, "SELECT version, applied_at FROM "+m.tracking+" WHERE table_name = $1", m.cfg.Table)
-		if err != nil {
-			return nil, err
-		}
-		var (
-			v  int
-			at time.Time
-		)
-		if _, err := pgx.ForEachRow(rows, []any{&v, &at}, func() error { done[v] = at; return nil }); err != nil {
+		var err error
+		if done, err = m.applied(ctx, m.db); err != nil {
 			return nil, err
 		}
 	}
 	out := make([]MigrationStatus, 0, len(m.migrations))
 	for _, mig := range m.migrations {
-		at, ok := done[mig.Version]
-		out = append(out, MigrationStatus{Version: mig.Version, Name: mig.Name, Applied: ok, AppliedAt: at})
+		at, ok := done[migrationID{mig.Line, mig.Version}]
+		out = append(out, MigrationStatus{Line: mig.Line, Version: mig.Version, Name: mig.Name, Applied: ok, AppliedAt: at})
 	}
 	return out, nil
 }
 
+// applied reads the recorded versions of the migrator's lines and tables.
+func (m *Migrator) applied(ctx context.Context, q Querier) (map[migrationID]time.Time, error) {
+	rows, err := q.Query(ctx, "SELECT line, table_name, version, applied_at FROM "+m.tracking)
+	if err != nil {
+		return nil, err
+	}
+	done := map[migrationID]time.Time{}
+	var (
+		line, table string
+		v           int
+		at          time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&line, &table, &v, &at}, func() error {
+		if table == m.cfg.tableOf(Line(line)) {
+			done[migrationID{Line(line), v}] = at
+		}
+		return nil
+	})
+	return done, err
+}
+
 // locked runs f in a transaction holding the migration lock, with the
 // tracking table present and its applied versions read.
-func (m *Migrator) locked(ctx context.Context, f func(tx pgx.Tx, done map[int]time.Time) error) error {
+func (m *Migrator) locked(ctx context.Context, f func(tx pgx.Tx, done map[migrationID]time.Time) error) error {
 	return pgx.BeginFunc(ctx, m.db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrationLockID); err != nil {
 			return err
@@ -168,23 +221,16 @@ func (m *Migrator) locked(ctx context.Context, f func(tx pgx.Tx, done map[int]ti
 			}
 		}
 		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+m.tracking+` (
+    line       text NOT NULL,
     table_name text NOT NULL,
     version    integer NOT NULL,
     name       text NOT NULL,
     applied_at timestamptz NOT NULL,
-    PRIMARY KEY (table_name, version))`); err != nil {
+    PRIMARY KEY (line, table_name, version))`); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, "SELECT version, applied_at FROM "+m.tracking+" WHERE table_name = $1", m.cfg.Table)
+		done, err := m.applied(ctx, tx)
 		if err != nil {
-			return err
-		}
-		done := map[int]time.Time{}
-		var (
-			v  int
-			at time.Time
-		)
-		if _, err := pgx.ForEachRow(rows, []any{&v, &at}, func() error { done[v] = at; return nil }); err != nil {
 			return err
 		}
 		return f(tx, done)
@@ -219,9 +265,12 @@ func newTemplateData(c Config) templateData {
 	return d
 }
 
-// renderMigrations reads the embedded migrations and fills in c's names.
-func renderMigrations(c Config) ([]Migration, error) {
-	files, err := fs.Glob(migrationFS, "migrations/*.up.sql")
+// renderLine reads the embedded migrations of line l and fills in c's names.
+func renderLine(c Config, l Line) ([]Migration, error) {
+	if !slices.Contains(Lines, l) {
+		return nil, &ConfigError{Field: "lines", Reason: fmt.Sprintf("unknown migration line %q", l)}
+	}
+	files, err := fs.Glob(migrationFS, "migrations/"+string(l)+"/*.up.sql")
 	if err != nil {
 		return nil, err
 	}
@@ -242,7 +291,7 @@ func renderMigrations(c Config) ([]Migration, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, Migration{Version: version, Name: name, Up: up, Down: down})
+		out = append(out, Migration{Line: l, Version: version, Name: name, Up: up, Down: down})
 	}
 	slices.SortFunc(out, func(a, b Migration) int { return a.Version - b.Version })
 	return out, nil
@@ -264,22 +313,28 @@ func renderFile(name string, data templateData) (string, error) {
 	return buf.String(), nil
 }
 
-// PlainSQL returns the up migrations for cfg (nil for the defaults) as one
-// script, for users of goose, golang-migrate or atlas. The file
-// sql/dedupe_inbox.sql in the repository is this script for the defaults.
-func PlainSQL(cfg *Config) (string, error) {
+// PlainSQL returns the up migrations of the given lines (all when none is
+// given) for cfg (nil for the defaults) as one script, for users of goose,
+// golang-migrate or atlas. The file sql/dedupe_inbox.sql in the repository is
+// this script for the defaults.
+func PlainSQL(cfg *Config, lines ...Line) (string, error) {
 	c, err := cfg.withDefaults()
 	if err != nil {
 		return "", err
 	}
-	ms, err := renderMigrations(c)
-	if err != nil {
-		return "", err
+	if len(lines) == 0 {
+		lines = Lines
 	}
 	var b strings.Builder
-	b.WriteString("-- dedupe schema. Generated from migrations/*.up.sql by dedupe.PlainSQL; do not edit.\n")
-	for _, m := range ms {
-		fmt.Fprintf(&b, "\n-- %03d_%s\n%s", m.Version, m.Name, m.Up)
+	b.WriteString("-- dedupe schema. Generated from migrations/*/*.up.sql by dedupe.PlainSQL; do not edit.\n")
+	for _, l := range lines {
+		ms, err := renderLine(c, l)
+		if err != nil {
+			return "", err
+		}
+		for _, m := range ms {
+			fmt.Fprintf(&b, "\n-- %s/%03d_%s\n%s", m.Line, m.Version, m.Name, m.Up)
+		}
 	}
 	return b.String(), nil
 }

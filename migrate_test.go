@@ -2,6 +2,7 @@ package dedupe_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"testing"
 
@@ -27,7 +28,7 @@ func TestMigrateTwiceAndConcurrently(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := db.Count(t, "SELECT count(*) FROM dedupe_migration WHERE table_name = 'dedupe_inbox'"), len(m.Migrations()); got != want {
+	if got, want := db.Count(t, "SELECT count(*) FROM dedupe_migration"), len(m.Migrations()); got != want {
 		t.Fatalf("recorded migrations = %d, want %d", got, want)
 	}
 }
@@ -114,5 +115,30 @@ func TestMigratorStatusIsReadOnly(t *testing.T) {
 	}
 	if n := db.Count(t, "SELECT count(*) FROM pg_namespace WHERE nspname = $1", db.Schema+"_never"); n != 0 {
 		t.Fatal("Status created the schema")
+	}
+}
+
+func TestMigrateOneLineOnly(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	cfg := &dedupe.Config{Table: "http_keys"}
+	if err := dedupe.Migrate(ctx, db.Pool, cfg, dedupe.LineInbox); err != nil {
+		t.Fatal(err)
+	}
+	if n := db.Count(t, "SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'dedupe_outbox'", db.Schema); n != 0 {
+		t.Fatal("migrating the inbox line created an outbox")
+	}
+	// The full migration later adds the outbox and leaves the inbox alone.
+	m, err := dedupe.NewMigrator(db.Pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied, err := m.Up(ctx)
+	if err != nil || len(applied) != 1 || applied[0].Line != dedupe.LineOutbox {
+		t.Fatalf("up = %+v, %v; want only the outbox line", applied, err)
+	}
+	if _, err := dedupe.NewMigrator(db.Pool, nil, dedupe.Line("nope")); !errors.Is(err, dedupe.ErrInvalidConfig) {
+		t.Fatalf("unknown line: %v", err)
 	}
 }

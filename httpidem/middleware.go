@@ -70,7 +70,7 @@ func New(db dedupe.DB, cfg *Config) (*Middleware, error) {
 // Migrate creates or upgrades the key table (Config.Inbox). It is
 // idempotent and safe to run from many processes at once.
 func (m *Middleware) Migrate(ctx context.Context) error {
-	return dedupe.Migrate(ctx, m.db, &m.cfg.Inbox)
+	return dedupe.Migrate(ctx, m.db, &m.cfg.Inbox, dedupe.LineInbox)
 }
 
 // Inbox returns the inbox holding the keys, for operators (Lookup, Release,

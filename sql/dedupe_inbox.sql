@@ -1,6 +1,6 @@
--- dedupe schema. Generated from migrations/*.up.sql by dedupe.PlainSQL; do not edit.
+-- dedupe schema. Generated from migrations/*/*.up.sql by dedupe.PlainSQL; do not edit.
 
--- 001_create_inbox
+-- inbox/001_create_inbox
 -- The inbox: one row per claimed (scope, key).
 CREATE TABLE IF NOT EXISTS "dedupe_inbox" (
     scope          text        NOT NULL CHECK (octet_length(scope) BETWEEN 1 AND 255),
@@ -23,7 +23,7 @@ CREATE TABLE IF NOT EXISTS "dedupe_inbox" (
 -- Retention purge walks this index in bounded batches.
 CREATE INDEX IF NOT EXISTS "dedupe_inbox_expires_at_idx" ON "dedupe_inbox" (expires_at);
 
--- 002_create_outbox
+-- outbox/001_create_outbox
 -- The transactional outbox: one row per message enqueued in a committed
 -- transaction, published by a Relay. id orders messages; Enqueue serializes
 -- writers of one (topic, key), so for each key id order is commit order.

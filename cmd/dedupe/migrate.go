@@ -26,6 +26,7 @@ goose, golang-migrate or atlas. Without an argument, migrate runs up.`,
 
 // migrationJSON is one row of "migrate status --json".
 type migrationJSON struct {
+	Line      string   `json:"line"`
 	Version   int      `json:"version"`
 	Name      string   `json:"name"`
 	Applied   bool     `json:"applied"`
@@ -63,20 +64,21 @@ func runMigrate(ctx context.Context, c *cli, _ any, args []string) int {
 		return c.fail("migrate", err)
 	}
 	if action == "up" {
-		applied, err := m.Up(ctx)
+		migs, err := m.Up(ctx)
 		if err != nil {
 			return c.fail("migrate", err)
 		}
-		if applied == nil {
-			applied = []int{}
+		applied := make([]string, 0, len(migs))
+		for _, mig := range migs {
+			applied = append(applied, fmt.Sprintf("%s/%03d_%s", mig.Line, mig.Version, mig.Name))
 		}
 		c.emit(c.stdout, map[string]any{"table": inbox.Config().Table, "applied": applied}, func(w io.Writer) {
 			if len(applied) == 0 {
 				fmt.Fprintf(w, "%s is up to date\n", inbox.Config().Table)
 				return
 			}
-			for _, v := range applied {
-				fmt.Fprintf(w, "applied migration %03d to %s\n", v, inbox.Config().Table)
+			for _, a := range applied {
+				fmt.Fprintf(w, "applied migration %s\n", a)
 			}
 		})
 		return exitOK
@@ -88,19 +90,19 @@ func runMigrate(ctx context.Context, c *cli, _ any, args []string) int {
 	rows := make([]migrationJSON, 0, len(status))
 	pending := 0
 	for _, s := range status {
-		rows = append(rows, migrationJSON{Version: s.Version, Name: s.Name, Applied: s.Applied, AppliedAt: jsonTime{s.AppliedAt}})
+		rows = append(rows, migrationJSON{Line: string(s.Line), Version: s.Version, Name: s.Name, Applied: s.Applied, AppliedAt: jsonTime{s.AppliedAt}})
 		if !s.Applied {
 			pending++
 		}
 	}
 	c.emit(c.stdout, map[string]any{"table": inbox.Config().Table, "migrations": rows, "pending": pending}, func(w io.Writer) {
-		fmt.Fprintln(w, "VERSION\tNAME\tAPPLIED AT")
+		fmt.Fprintln(w, "LINE\tVERSION\tNAME\tAPPLIED AT")
 		for _, r := range rows {
 			at := "pending"
 			if r.Applied {
 				at = r.AppliedAt.text()
 			}
-			fmt.Fprintf(w, "%03d\t%s\t%s\n", r.Version, r.Name, at)
+			fmt.Fprintf(w, "%s\t%03d\t%s\t%s\n", r.Line, r.Version, r.Name, at)
 		}
 	})
 	return exitOK

@@ -33,7 +33,7 @@ func TestMigrateUpStatusSQLAndNotMigrated(t *testing.T) {
 		t.Fatalf("status before up = %d %+v %v\n%s", r.code, st, err, r.stderr)
 	}
 	r = e.cli(t, "--json", "migrate", "up")
-	var up struct{ Applied []int }
+	var up struct{ Applied []string }
 	if err := json.Unmarshal([]byte(r.stdout), &up); r.code != 0 || err != nil || len(up.Applied) != st.Pending {
 		t.Fatalf("migrate up = %d %+v %v\n%s", r.code, up, err, r.stderr)
 	}
