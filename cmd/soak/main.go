@@ -3,6 +3,13 @@
 // database: every unique input must have exactly one effect, none may be
 // missing, and no key may be left in flight.
 //
+// Transports: handle (Consumer.Handle), leased (Begin/CompleteTx), batch
+// (ClaimBatch) on an in-memory at-least-once broker; nats (JetStream
+// runner), kafka and kafka-batch (kafka-go runner on kfake), webhook
+// (Standard Webhooks receiver), httpidem (Idempotency-Key middleware) and
+// outbox (Enqueue, Relay to JetStream, runner). naive, which writes effects
+// without the inbox, is there to prove that the audit fails.
+//
 // Faults: handler errors and panics after the effect was written,
 // pg_terminate_backend on the consumer's connections (found by their
 // application_name), a worker subprocess (the soak re-executes itself)

@@ -36,6 +36,7 @@ var transports = []transport{
 	{name: "kafka-batch", run: runKafka(50), child: kafkaChild, soakedByDefault: true},
 	{name: "webhook", run: runWebhook, child: webhookChild, soakedByDefault: true},
 	{name: "httpidem", run: runHTTPIdem, child: httpidemChild, soakedByDefault: true},
+	{name: "outbox", run: runOutbox, child: outboxChild, soakedByDefault: true},
 	// naive writes its effects without the inbox: the audit must catch it.
 	{name: "naive", proc: newNaiveProcessor},
 }
