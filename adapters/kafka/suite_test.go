@@ -34,6 +34,9 @@ func transport(name string, batch int, batchHandler bool) adaptertest.Transport 
 				Publish: func(ctx context.Context, id string, body []byte) error {
 					return w.WriteMessages(ctx, msg(id, "", body))
 				},
+				PublishOrdered: func(ctx context.Context, orderKey, id string, body []byte) error {
+					return w.WriteMessages(ctx, msg(id, orderKey, body))
+				},
 				Start: func(ctx context.Context, inbox *dedupe.Inbox, rc adaptertest.RunConfig, effect adaptertest.Effect) func() error {
 					reader := newReader(brokers, group, topic)
 					cfg := dedupekafka.Config{BatchSize: batch, MaxAttempts: rc.MaxAttempts, RetryBackoff: 20 * time.Millisecond}

@@ -24,8 +24,9 @@ type Features struct {
 	// Poison: a message whose handler keeps failing is terminated (or
 	// dead-lettered) after RunConfig.MaxAttempts and the others keep flowing.
 	Poison bool
-	// OrderedPerKey: messages published with the same OrderKey are handled
-	// in publish order (Kafka partitions).
+	// OrderedPerKey: messages published with the same order key (through
+	// Instance.PublishOrdered) are handled in publish order (Kafka
+	// partitions). A transport that declares it must set PublishOrdered.
 	OrderedPerKey bool
 }
 
@@ -47,6 +48,10 @@ type Instance struct {
 	// with broker-side deduplication must publish duplicates in a way that
 	// bypasses it.
 	Publish func(ctx context.Context, id string, body []byte) error
+	// PublishOrdered is Publish with an order key: messages with the same
+	// order key must be handled in publish order. Required with
+	// Features.OrderedPerKey.
+	PublishOrdered func(ctx context.Context, orderKey, id string, body []byte) error
 	// Start runs a consumer on the topic with the given inbox until ctx is
 	// cancelled; the returned wait blocks until it stopped and returns its
 	// error (nil after a clean cancel).
@@ -71,6 +76,9 @@ func Run(t *testing.T, tr Transport) {
 	t.Run("LoadWithDuplicatesExactCount", func(t *testing.T) { t.Parallel(); testLoad(t, tr) })
 	if tr.Features.Poison {
 		t.Run("PoisonTerminatedOthersFlow", func(t *testing.T) { t.Parallel(); testPoison(t, tr) })
+	}
+	if tr.Features.OrderedPerKey {
+		t.Run("OrderedPerKey", func(t *testing.T) { t.Parallel(); testOrderedPerKey(t, tr) })
 	}
 }
 
@@ -247,5 +255,48 @@ func testPoison(t *testing.T, tr Transport) {
 	}
 	if n := e.db.Count(t, "SELECT count(*) FROM effects"); n != 20 {
 		t.Fatalf("effects = %d, want 20", n)
+	}
+}
+
+func testOrderedPerKey(t *testing.T, tr Transport) {
+	e := newEnv(t, tr, nil)
+	if e.inst.PublishOrdered == nil {
+		t.Fatal("transport declares OrderedPerKey but has no PublishOrdered")
+	}
+	const perKey = 40
+	orderKeys := []string{"account-1", "account-2", "account-3"}
+	e.start(t, RunConfig{Workers: 4}, insertEffect)
+	for n := range perKey {
+		for _, ok := range orderKeys {
+			id := fmt.Sprintf("%s/%03d", ok, n)
+			if err := e.inst.PublishOrdered(context.Background(), ok, id, []byte(ok)); err != nil {
+				t.Fatalf("publish %s: %v", id, err)
+			}
+		}
+	}
+	total := perKey * len(orderKeys)
+	waitFor(t, 30*time.Second, fmt.Sprintf("%d effects", total), func() bool {
+		return e.db.Count(t, "SELECT count(*) FROM effects") >= total
+	})
+	e.assertDrained(t)
+	// effects.id is a sequence: the commit order of the effects.
+	for _, ok := range orderKeys {
+		rows, err := e.db.Pool.Query(context.Background(),
+			"SELECT msg_id FROM effects WHERE body = $1 ORDER BY id", []byte(ok))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != perKey {
+			t.Fatalf("%s: %d effects, want %d", ok, len(got), perKey)
+		}
+		for n, id := range got {
+			if want := fmt.Sprintf("%s/%03d", ok, n); id != want {
+				t.Fatalf("%s: effect %d is %s, want %s (out of order)", ok, n, id, want)
+			}
+		}
 	}
 }
