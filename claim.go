@@ -15,10 +15,9 @@ import (
 // only for OutcomeClaimed; for every other outcome it should roll back (or
 // commit nothing of its own).
 //
-// A new key, and a duplicate of a key committed before, cost one statement.
-// A concurrent transaction holding the same new key makes Claim wait until it
-// ends, then read the key once more. On OutcomeDuplicate, Claim.Result holds
-// the stored result.
+// A new key costs one statement, an existing key two. A concurrent
+// transaction holding the same new key makes Claim wait until it ends. On
+// OutcomeDuplicate, Claim.Result holds the stored result.
 func (i *Inbox) Claim(ctx context.Context, tx pgx.Tx, key Key) (*Claim, error) {
 	if err := key.Validate(); err != nil {
 		return nil, err
@@ -38,11 +37,10 @@ type claimArgs struct {
 }
 
 // claim claims key with state (complete for transactional, in flight for
-// leased). The first statement inserts a new key or, when the key exists and
-// was committed before the statement began, returns its row. Only an
-// in-flight key whose lease expired goes on to the takeover upsert, and only
-// a key committed concurrently (invisible to the first statement's snapshot)
-// needs a second read.
+// leased). A new key costs one statement. An existing key costs a second one
+// that reads it with a fresh snapshot (so it also sees a key committed by a
+// concurrent transaction the insert waited for); only an in-flight key whose
+// lease expired goes on to the takeover upsert.
 func (i *Inbox) claim(ctx context.Context, q Querier, key Key, state State, maxAttempts int) (*Claim, error) {
 	a := claimArgs{key: key, state: state, token: rand.Int64(), now: i.cfg.Clock(), maxAttempts: maxAttempts}
 	if state == StateInFlight {
@@ -52,28 +50,20 @@ func (i *Inbox) claim(ctx context.Context, q Querier, key Key, state State, maxA
 	a.expires = a.now.Add(i.cfg.Retention)
 
 	for range 3 {
-		var (
-			taken bool
-			rec   *Record
-		)
-		row := q.QueryRow(ctx, i.q.claimInsert, key.Scope, key.ID, string(state), key.Fingerprint, a.token,
-			a.lockedUntil, a.now, a.expires)
-		rec, err := scanRecord(row, &taken)
-		switch {
-		case err == nil && taken:
-			return a.claimed(1), nil
-		case err == nil:
-			// An existing row, visible to this statement.
-		case errors.Is(err, pgx.ErrNoRows):
-			// The key was committed by a transaction we waited for: read it
-			// with a fresh snapshot.
-			if rec, err = i.lookup(ctx, q, key); errors.Is(err, ErrNotFound) {
-				continue // it rolled back its claim after all, or was released
-			} else if err != nil {
-				return nil, err
-			}
-		default:
+		var attempts int
+		err := q.QueryRow(ctx, i.q.claimInsert, key.Scope, key.ID, string(state), key.Fingerprint, a.token,
+			a.lockedUntil, a.now, a.expires).Scan(&attempts)
+		if err == nil {
+			return a.claimed(attempts), nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
 			return nil, translate(err)
+		}
+		rec, err := i.lookup(ctx, q, key)
+		if errors.Is(err, ErrNotFound) {
+			continue // released or purged in between, or rolled back after all
+		} else if err != nil {
+			return nil, err
 		}
 		if rec.State != StateInFlight || rec.LockedUntil == nil || rec.LockedUntil.After(a.now) {
 			return classify(key, rec), nil

@@ -9,26 +9,20 @@ import "strings"
 const recordColumns = `scope, key, state, fingerprint, attempts, token, locked_until,
     result_status, result_headers, result_body, last_error, created_at, updated_at, expires_at`
 
-// sqlClaimInsert is the claim's first and usually only statement. It inserts
-// a new key (taken = true) or, when the key exists, returns the existing row
-// (taken = false) without locking it, so a duplicate of a committed key costs
-// one cheap statement too. When it returns no row, the conflicting key was
-// committed by a concurrent transaction after this statement's snapshot was
-// taken, and the caller reads it again.
+// sqlClaimInsert is the claim's first and usually only statement: it
+// inserts a new key and returns its attempt (1), or returns no row when the
+// key exists, without locking it. It costs what a hand-written
+// INSERT … ON CONFLICT DO NOTHING costs. Only then does the caller read the
+// existing row (sqlLookup) to classify it, and take it over (sqlClaim) when it
+// is in flight with an expired lease.
 //
 // Parameters: $1 scope, $2 key, $3 state to set, $4 fingerprint, $5 token,
 // $6 locked_until, $7 now, $8 expires_at.
-const sqlClaimInsert = `WITH ins AS (
-    INSERT INTO {{inbox}}
-        (scope, key, state, fingerprint, attempts, token, locked_until, created_at, updated_at, expires_at)
-    VALUES ($1, $2, $3, $4, 1, $5, $6, $7, $7, $8)
-    ON CONFLICT (scope, key) DO NOTHING
-    RETURNING ` + recordColumns + `
-)
-SELECT true, ` + recordColumns + ` FROM ins
-UNION ALL
-SELECT false, ` + recordColumns + ` FROM {{inbox}}
-WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT FROM ins)`
+const sqlClaimInsert = `INSERT INTO {{inbox}}
+    (scope, key, state, fingerprint, attempts, token, locked_until, created_at, updated_at, expires_at)
+VALUES ($1, $2, $3, $4, 1, $5, $6, $7, $7, $8)
+ON CONFLICT (scope, key) DO NOTHING
+RETURNING attempts`
 
 // sqlClaim takes over an existing key that is in flight with an expired
 // lease (its holder died or a transactional attempt failed) when the
