@@ -2,7 +2,6 @@ package dedupe_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -50,17 +49,4 @@ func (b *bundle) effects(t *testing.T, key string) int {
 }
 
 // together runs f in n goroutines released at the same instant and waits.
-func together(n int, f func(i int)) {
-	var start, done sync.WaitGroup
-	start.Add(1)
-	done.Add(n)
-	for i := range n {
-		go func() {
-			defer done.Done()
-			start.Wait()
-			f(i)
-		}()
-	}
-	start.Done()
-	done.Wait()
-}
+func together(n int, f func(i int)) { dbtest.Together(n, f) }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
 )
 
 // runRelay runs r until the test ends (or stop is called) and fails the test
@@ -44,13 +45,7 @@ func runRelay(t *testing.T, r *dedupe.Relay) (stop func()) {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	dbtest.WaitFor(t, d, what, cond)
 }
 
 // TestRelayTwoRelaysOrderedExactlyOnce runs two relays while writers commit

@@ -12,7 +12,6 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -220,17 +219,4 @@ func (w tWriter) Write(p []byte) (int, error) {
 }
 
 // together runs f in n goroutines released at the same instant and waits.
-func together(n int, f func(i int)) {
-	var start, done sync.WaitGroup
-	start.Add(1)
-	done.Add(n)
-	for i := range n {
-		go func() {
-			defer done.Done()
-			start.Wait()
-			f(i)
-		}()
-	}
-	start.Done()
-	done.Wait()
-}
+func together(n int, f func(i int)) { dbtest.Together(n, f) }

@@ -247,13 +247,7 @@ func (m *member) stop(t testing.TB) error {
 // waitFor polls cond until it holds or d passes.
 func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	dbtest.WaitFor(t, d, what, cond)
 }
 
 // waitDrained waits until the group committed every message of the topic.

@@ -190,11 +190,5 @@ func newRunner(t *testing.T, b *bundle, cons jetstream.Consumer, cfg *dedupenats
 // waitFor polls cond until it holds or d passes.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	dbtest.WaitFor(t, d, what, cond)
 }

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -68,20 +67,7 @@ func record(ctx context.Context, tx pgx.Tx, ev webhook.Event) error {
 }
 
 // together runs f in n goroutines released at the same instant and waits.
-func together(n int, f func(i int)) {
-	var start, done sync.WaitGroup
-	start.Add(1)
-	done.Add(n)
-	for i := range n {
-		go func() {
-			defer done.Done()
-			start.Wait()
-			f(i)
-		}()
-	}
-	start.Done()
-	done.Wait()
-}
+func together(n int, f func(i int)) { dbtest.Together(n, f) }
 
 // The signers below compute signatures with crypto/hmac directly, following
 // each provider's documentation, independently of the package's code.

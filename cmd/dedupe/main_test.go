@@ -197,20 +197,7 @@ func (e *env) inspect(t *testing.T, scope, key string) recordJSON {
 }
 
 // together runs f in n goroutines released at the same instant and waits.
-func together(n int, f func(i int)) {
-	var start, done sync.WaitGroup
-	start.Add(1)
-	done.Add(n)
-	for i := range n {
-		go func() {
-			defer done.Done()
-			start.Wait()
-			f(i)
-		}()
-	}
-	start.Done()
-	done.Wait()
-}
+func together(n int, f func(i int)) { dbtest.Together(n, f) }
 
 // syncBuffer is a bytes.Buffer safe for the goroutines that copy a command's
 // output.

@@ -110,13 +110,7 @@ func insertEffect(ctx context.Context, tx pgx.Tx, id string, body []byte) error 
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	dbtest.WaitFor(t, d, what, cond)
 }
 
 func (e *env) start(t *testing.T, cfg RunConfig, effect Effect) (stop func()) {

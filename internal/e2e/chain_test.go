@@ -162,13 +162,7 @@ func runner(t *testing.T, r *dedupenats.Runner) (stop func()) {
 
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	dbtest.WaitFor(t, d, what, cond)
 }
 
 // TestChainExactlyOnceUnderFaults drives orders through A → outbox → relay →
