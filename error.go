@@ -59,6 +59,7 @@ type KeyError struct {
 	Reason error  // ErrKeyEmpty, ErrKeyTooLong or ErrKeyInvalidChar
 }
 
+// Error implements the error interface.
 func (e *KeyError) Error() string {
 	return fmt.Sprintf("dedupe: invalid %s %q: %v", e.Field, e.Value, e.Reason)
 }
@@ -73,6 +74,7 @@ type ConfigError struct {
 	Reason string
 }
 
+// Error implements the error interface.
 func (e *ConfigError) Error() string {
 	return fmt.Sprintf("dedupe: invalid config: %s: %s", e.Field, e.Reason)
 }
@@ -90,6 +92,7 @@ type HandlerError struct {
 	Err      error
 }
 
+// Error implements the error interface.
 func (e *HandlerError) Error() string {
 	suffix := ""
 	if e.Poisoned {
@@ -110,6 +113,7 @@ type PanicError struct {
 	Stack []byte // the goroutine's stack at the panic
 }
 
+// Error implements the error interface.
 func (e *PanicError) Error() string { return fmt.Sprintf("dedupe: handler panicked: %v", e.Value) }
 
 // Unwrap returns the panic value when it is an error.
@@ -124,6 +128,7 @@ func (e *PanicError) Unwrap() error {
 // that can never be processed). The key is marked failed at once.
 type PermanentError struct{ Err error }
 
+// Error implements the error interface.
 func (e *PermanentError) Error() string { return "dedupe: permanent: " + e.Err.Error() }
 
 // Unwrap returns the wrapped error.

@@ -23,6 +23,7 @@ type MessageError struct {
 	Reason string
 }
 
+// Error implements the error interface.
 func (e *MessageError) Error() string {
 	return fmt.Sprintf("dedupe: invalid outbox message: %s: %s", e.Field, e.Reason)
 }
@@ -39,6 +40,7 @@ type PublishError struct {
 	Err    error // the first failure
 }
 
+// Error implements the error interface.
 func (e *PublishError) Error() string {
 	return fmt.Sprintf("dedupe: outbox publish failed for all %d messages of the cycle: %v", e.Failed, e.Err)
 }

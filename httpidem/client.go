@@ -323,6 +323,7 @@ type cancelOnClose struct {
 	cancel context.CancelFunc
 }
 
+// Close closes the body and ends the attempt's context.
 func (c *cancelOnClose) Close() error {
 	err := c.ReadCloser.Close()
 	c.cancel()

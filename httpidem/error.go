@@ -76,6 +76,7 @@ type Error struct {
 	RetryAfter int
 }
 
+// Error implements the error interface.
 func (e *Error) Error() string {
 	msg := e.Err.Error()
 	if e.Detail != "" {
@@ -174,6 +175,7 @@ type ConfigError struct {
 	Reason string
 }
 
+// Error implements the error interface.
 func (e *ConfigError) Error() string {
 	return fmt.Sprintf("httpidem: invalid config: %s: %s", e.Field, e.Reason)
 }
@@ -190,6 +192,7 @@ type GiveUpError struct {
 	Err      error  // the last attempt's error
 }
 
+// Error implements the error interface.
 func (e *GiveUpError) Error() string {
 	return fmt.Sprintf("httpidem: gave up after %d attempts (key %q): %v", e.Attempts, e.Key, e.Err)
 }
@@ -205,6 +208,7 @@ type StatusError struct {
 	Body     []byte // the first bytes of the response body
 }
 
+// Error implements the error interface.
 func (e *StatusError) Error() string {
 	return fmt.Sprintf("httpidem: %d %s (key %q): %.200s", e.Status, http.StatusText(e.Status), e.Key, e.Body)
 }

@@ -25,8 +25,10 @@ func newRecorder(limit int, keepAll bool) *recorder {
 	return &recorder{header: http.Header{}, limit: limit, keepAll: keepAll}
 }
 
+// Header returns the buffered response's header map.
 func (r *recorder) Header() http.Header { return r.header }
 
+// WriteHeader records the status code of the buffered response.
 func (r *recorder) WriteHeader(status int) {
 	if r.status != 0 || status < 200 {
 		return // informational responses are not recorded
@@ -34,6 +36,7 @@ func (r *recorder) WriteHeader(status int) {
 	r.status = status
 }
 
+// Write appends to the buffered response body.
 func (r *recorder) Write(p []byte) (int, error) {
 	if r.status == 0 {
 		r.WriteHeader(http.StatusOK)

@@ -25,6 +25,7 @@ type DeadLetterError struct {
 	Err       error
 }
 
+// Error implements the error interface.
 func (e *DeadLetterError) Error() string {
 	return fmt.Sprintf("dedupekafka: dead-letter %s/%d@%d: %v", e.Topic, e.Partition, e.Offset, e.Err)
 }

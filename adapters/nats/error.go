@@ -22,6 +22,7 @@ type KeyError struct {
 	Err     error  // the key function's error
 }
 
+// Error implements the error interface.
 func (e *KeyError) Error() string {
 	return fmt.Sprintf("dedupenats: no key for message on %q: %v", e.Subject, e.Err)
 }

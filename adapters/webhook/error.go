@@ -49,6 +49,7 @@ type BodyTooLargeError struct {
 	Declared int64
 }
 
+// Error implements the error interface.
 func (e *BodyTooLargeError) Error() string {
 	if e.Declared >= 0 {
 		return fmt.Sprintf("webhook: body of %d bytes exceeds the limit of %d", e.Declared, e.Limit)
@@ -69,6 +70,7 @@ type SignatureError struct {
 	Detail   string // a short explanation; never secret material
 }
 
+// Error implements the error interface.
 func (e *SignatureError) Error() string {
 	s := fmt.Sprintf("webhook: %s: %s: %v", e.Provider, e.Header, e.Reason)
 	if e.Detail != "" {
@@ -89,6 +91,7 @@ type TimestampError struct {
 	Tolerance time.Duration
 }
 
+// Error implements the error interface.
 func (e *TimestampError) Error() string {
 	return fmt.Sprintf("%v: signed at %s, %s from now, tolerance %s", ErrStaleTimestamp,
 		e.Timestamp.UTC().Format(time.RFC3339), e.Now.Sub(e.Timestamp).Round(time.Second), e.Tolerance)
@@ -105,6 +108,7 @@ type EventError struct {
 	Reason   string
 }
 
+// Error implements the error interface.
 func (e *EventError) Error() string {
 	return fmt.Sprintf("webhook: %s: malformed event: %s: %s", e.Provider, e.Field, e.Reason)
 }
@@ -119,6 +123,7 @@ type ConfigError struct {
 	Reason string
 }
 
+// Error implements the error interface.
 func (e *ConfigError) Error() string {
 	return fmt.Sprintf("webhook: invalid config: %s: %s", e.Field, e.Reason)
 }
