@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -88,25 +87,12 @@ func (rep *report) runTransports(ctx context.Context, b *bench, _ string, log io
 	o := rep.opts
 	tctx, cancel := context.WithTimeout(ctx, o.transportTimeout)
 	defer cancel()
-	dir, err := os.MkdirTemp("", "dedupe-bench-nats-")
+	embedded, err := natstest.Embed()
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	srv, err := natstest.Start(dir)
-	if err != nil {
-		return err
-	}
-	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
+	defer embedded.Close()
+	js := embedded.JS
 	row := 0
 	for _, w := range o.workers {
 		type run struct {

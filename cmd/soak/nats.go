@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"os"
 	"strconv"
 	"time"
 
@@ -34,25 +33,12 @@ const (
 // one durable consumer (one of them stopped and restarted at random) and a
 // worker subprocess on the same durable that is killed mid-transaction.
 func runNATS(ctx context.Context, e *env, inputs []string) error {
-	dir, err := os.MkdirTemp("", "dedupe-soak-nats-")
+	embedded, err := natstest.Embed()
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	srv, err := natstest.Start(dir)
-	if err != nil {
-		return err
-	}
-	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
+	defer embedded.Close()
+	js := embedded.JS
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: natsStream, Subjects: []string{natsSubject}}); err != nil {
 		return fmt.Errorf("create stream: %w", err)
 	}
@@ -90,7 +76,7 @@ func runNATS(ctx context.Context, e *env, inputs []string) error {
 			}
 			return r.Run(ctx)
 		},
-		childArgs: []string{"-nats-url", srv.ClientURL()},
+		childArgs: []string{"-nats-url", embedded.URL()},
 		feed: func(ctx context.Context) error {
 			for i, id := range inputs {
 				m := nats.NewMsg(natsSubject)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"time"
 
@@ -31,25 +30,12 @@ const (
 // publish to JetStream; a runner consumes with the inbox keyed on Order-Id
 // and writes the effects, failing and panicking at random.
 func runOutbox(ctx context.Context, e *env, inputs []string) error {
-	dir, err := os.MkdirTemp("", "dedupe-soak-outbox-")
+	embedded, err := natstest.Embed()
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	srv, err := natstest.Start(dir)
-	if err != nil {
-		return err
-	}
-	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
+	defer embedded.Close()
+	js := embedded.JS
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: outboxStream, Subjects: []string{outboxSubject}}); err != nil {
 		return fmt.Errorf("create stream: %w", err)
 	}
@@ -86,7 +72,7 @@ func runOutbox(ctx context.Context, e *env, inputs []string) error {
 			}
 			return runOutboxConsumer(ctx, e, inbox, cons, handler, o.workers)
 		},
-		childArgs: []string{"-nats-url", srv.ClientURL()},
+		childArgs: []string{"-nats-url", embedded.URL()},
 		feed: func(ctx context.Context) error {
 			for from := 0; from < len(inputs); from += 200 {
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
