@@ -21,25 +21,7 @@ import (
 // if Run returns an error.
 func runRelay(t *testing.T, r *dedupe.Relay) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("relay: %v", err)
-				}
-			case <-time.After(15 * time.Second):
-				t.Errorf("relay did not stop")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return dbtest.Background(t, "relay", r.Run)
 }
 
 // waitFor polls cond until it holds or the deadline passes.

@@ -248,15 +248,7 @@ func TestOutboxPublisherBrokerDownThenAllArrive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- relay.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	defer dbtest.Background(t, "relay", relay.Run)()
 	c.Close()
 	const n = 30
 	for i := range n {

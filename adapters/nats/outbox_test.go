@@ -114,20 +114,7 @@ func outboxWaitFor(t *testing.T, d time.Duration, what string, cond func() bool)
 
 func outboxRun(t *testing.T, r *dedupe.Relay) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("relay: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Errorf("relay did not stop")
-		}
-	})
+	dbtest.Background(t, "relay", r.Run)
 }
 
 func TestOutboxPublisherRolledBackNothingCommittedOnce(t *testing.T) {

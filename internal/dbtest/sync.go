@@ -1,6 +1,7 @@
 package dbtest
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -35,4 +36,30 @@ func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// Background runs run(ctx) in a goroutine (a relay, a runner) until the test
+// ends or the returned stop is called, which cancels ctx and waits up to 20s
+// for run to return; an error or a hang fails the test.
+func Background(t testing.TB, what string, run func(ctx context.Context) error) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("%s: %v", what, err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Errorf("%s did not stop within 20s", what)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }

@@ -139,25 +139,7 @@ func (s *service) inject(ctx context.Context, tx pgx.Tx, f *faults, step, order 
 // runner starts a dedupenats runner until stop or the end of the test.
 func runner(t *testing.T, r *dedupenats.Runner) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("runner: %v", err)
-				}
-			case <-time.After(20 * time.Second):
-				t.Errorf("runner did not stop")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return dbtest.Background(t, "runner", r.Run)
 }
 
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
