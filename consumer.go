@@ -139,6 +139,13 @@ func (c *Consumer[M]) Handle(ctx context.Context, msg M) (Outcome, error) {
 	if err != nil {
 		return 0, err
 	}
+	return c.HandleKey(ctx, key, msg)
+}
+
+// HandleKey is Handle for a key the caller already has from KeyOf (an
+// adapter that logs or routes by it), so it is not extracted twice. key must
+// be valid; KeyOf validates it.
+func (c *Consumer[M]) HandleKey(ctx context.Context, key Key, msg M) (Outcome, error) {
 	for try := 0; ; try++ {
 		outcome, err := c.attempt(ctx, key, msg)
 		if errors.Is(err, ErrRetryable) && try < c.cfg.TxRetries && ctx.Err() == nil {
