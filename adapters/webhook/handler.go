@@ -182,12 +182,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ev.Provider, ev.Endpoint, ev.Header, ev.Body = h.provider, h.cfg.Endpoint, r.Header, body
-	if _, err := h.consumer.KeyOf(ev); err != nil {
+	key, err := h.consumer.KeyOf(ev)
+	if err != nil {
 		h.refuse(w, r, &EventError{Provider: h.provider, Field: "id", Reason: err.Error()})
 		return
 	}
 
-	outcome, err := h.consumer.Handle(r.Context(), ev)
+	outcome, err := h.consumer.HandleKey(r.Context(), key, ev)
 	switch {
 	case err == nil && outcome == dedupe.OutcomeDuplicate:
 		reply(w, http.StatusOK, "duplicate")
