@@ -197,7 +197,7 @@ func (r *Runner) Handle(ctx context.Context, msg jetstream.Msg) Event {
 
 	stopBeat := r.heartbeat(msg)
 	start := time.Now()
-	outcome, err := r.consumer.Handle(ctx, msg)
+	outcome, err := r.consumer.HandleKey(ctx, key, msg)
 	ev.Latency = time.Since(start)
 	stopBeat()
 	ev.Outcome, ev.Err = outcome, err
