@@ -394,15 +394,28 @@ func TestHandleAcrossProcesses(t *testing.T) {
 	const procs, keys = 4, 100
 	cmds := make([]*exec.Cmd, procs)
 	for p := range cmds {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcessConsumer$")
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), "DEDUPE_HELPER_URL="+b.db.URL, "DEDUPE_HELPER_KEYS="+strconv.Itoa(keys))
 		cmds[p] = cmd
 	}
+	claimed := make([]int, procs)
 	together(procs, func(p int) {
-		if out, err := cmds[p].CombinedOutput(); err != nil {
+		out, err := cmds[p].Output()
+		if err != nil {
 			t.Errorf("process %d: %v\n%s", p, err, out)
+			return
+		}
+		if _, err := fmt.Sscanf(string(out), "claimed=%d", &claimed[p]); err != nil {
+			t.Errorf("process %d printed %q: %v", p, out, err)
 		}
 	})
+	total := 0
+	for _, n := range claimed {
+		total += n
+	}
+	if total != keys {
+		t.Fatalf("processes claimed %v = %d keys in all, want %d", claimed, total, keys)
+	}
 	if got := b.db.Count(t, "SELECT count(*) FROM effects"); got != keys {
 		t.Fatalf("effects = %d, want %d", got, keys)
 	}
@@ -411,35 +424,43 @@ func TestHandleAcrossProcesses(t *testing.T) {
 	}
 }
 
-// TestHelperProcessConsumer is the body of TestHandleAcrossProcesses'
-// subprocesses; it does nothing in a normal run.
-func TestHelperProcessConsumer(t *testing.T) {
-	url := os.Getenv("DEDUPE_HELPER_URL")
-	if url == "" {
-		return // not a helper process
-	}
-	keys, _ := strconv.Atoi(os.Getenv("DEDUPE_HELPER_KEYS"))
+// consumerHelperProcess is the body of TestHandleAcrossProcesses'
+// subprocesses, started by TestMain when DEDUPE_HELPER_URL is set: four
+// workers handle every key, and it prints how many it claimed.
+func consumerHelperProcess(url string, keys int) error {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer pool.Close()
 	inbox, err := dedupe.New(pool, nil)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	c, err := dedupe.NewConsumer(inbox, dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey}, insertEffect)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
+	var claimed atomic.Int64
+	errs := make([]error, 4)
 	together(4, func(w int) {
 		for n := range keys {
-			if _, err := c.Handle(ctx, order{ID: fmt.Sprintf("p-%d", (n+w*7)%keys)}); err != nil {
-				t.Errorf("handle: %v", err)
+			out, err := c.Handle(ctx, order{ID: fmt.Sprintf("p-%d", (n+w*7)%keys)})
+			if err != nil {
+				errs[w] = err
+				return
+			}
+			if out == dedupe.OutcomeClaimed {
+				claimed.Add(1)
 			}
 		}
 	})
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	fmt.Printf("claimed=%d\n", claimed.Load())
+	return nil
 }
 
 func TestNewConsumerValidatesConfig(t *testing.T) {

@@ -2,6 +2,9 @@ package dedupe_test
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -9,7 +12,18 @@ import (
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 )
 
-func TestMain(m *testing.M) { dbtest.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if url := os.Getenv("DEDUPE_HELPER_URL"); url != "" {
+		// A subprocess of TestHandleAcrossProcesses, not a test run.
+		keys, _ := strconv.Atoi(os.Getenv("DEDUPE_HELPER_KEYS"))
+		if err := consumerHelperProcess(url, keys); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	dbtest.VerifyTestMain(m)
+}
 
 // bundle is what setup gives each test.
 type bundle struct {
