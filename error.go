@@ -155,7 +155,6 @@ const (
 	pgSerializationFailure = "40001"
 	pgDeadlockDetected     = "40P01"
 	pgUndefinedTable       = "42P01"
-	pgQueryCanceled        = "57014"
 )
 
 // translate maps pgx errors onto the package's sentinels, keeping the
