@@ -429,3 +429,38 @@ func TestRunSIGTERMStopsCommandAndReleasesKey(t *testing.T) {
 		t.Fatalf("after SIGTERM: %+v, want released (in flight, lease expired)", rec)
 	}
 }
+
+// TestRunLeaseRunsOutStopsCommand makes every renewal fail (the inbox table
+// is locked, as an unreachable database would leave it) while the command
+// runs: once the lease is about to run out the command is stopped and run
+// exits 125, since another run could take the key over.
+func TestRunLeaseRunsOutStopsCommand(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.setSleep(t, 20*time.Second)
+	done := make(chan result, 1)
+	go func() {
+		done <- e.cli(t, e.runArgs("outage", "--lease", "900ms", "--heartbeat", "200ms")...)
+	}()
+	e.waitLines(t, "start", 1)
+	tx, err := e.db.Pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(context.Background(), "LOCK TABLE dedupe_inbox IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("run did not stop when its lease ran out")
+	}
+	if rep := report(t, r); r.code != exitRunFailed || rep.Outcome != "lease_lost" {
+		t.Fatalf("run = %d %+v\n%s", r.code, rep, r.stderr)
+	}
+	if got := len(e.lines(t, "end")); got != 0 {
+		t.Fatalf("the command finished despite the lease running out")
+	}
+}
