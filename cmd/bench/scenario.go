@@ -83,11 +83,17 @@ func (b *bench) opHandEffect(ctx context.Context, _ int) (int, error) {
 }
 
 func (b *bench) opHandClaimEffect(ctx context.Context, _ int) (int, error) {
-	id := b.nextID()
+	return 1, b.handClaimEffectTx(ctx, benchScope, b.nextID())
+}
+
+// handClaimEffectTx is the hand-written per-message transaction: claim the
+// key, write the effect unless it was a duplicate, commit. The transport
+// baselines run it too.
+func (b *bench) handClaimEffectTx(ctx context.Context, scope, id string) error {
 	now := time.Now()
-	return 1, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+	return pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		var one int
-		err := tx.QueryRow(ctx, sqlHandClaim, benchScope, id, now, now.Add(dedupe.DefaultRetention)).Scan(&one)
+		err := tx.QueryRow(ctx, sqlHandClaim, scope, id, now, now.Add(dedupe.DefaultRetention)).Scan(&one)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil // a duplicate: no effect
 		}

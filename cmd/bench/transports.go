@@ -62,24 +62,6 @@ func (b *bench) waitEffects(ctx context.Context, n int) error {
 	}
 }
 
-// handClaimEffectTx is the hand-written per-message transaction of the
-// transport baselines: claim, effect, commit.
-func (b *bench) handClaimEffectTx(ctx context.Context, scope, id string) error {
-	now := time.Now()
-	return pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		var one int
-		err := tx.QueryRow(ctx, sqlHandClaim, scope, id, now, now.Add(dedupe.DefaultRetention)).Scan(&one)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, sqlEffect, id, body)
-		return err
-	})
-}
-
 // runTransports measures the NATS JetStream runner, the Kafka runner and the
 // outbox relay against hand-written equivalents, draining -transport-msgs
 // pre-published messages per row.
