@@ -77,12 +77,8 @@ func (v *GitHubVerifier) Verify(header http.Header, body []byte, _ time.Time) (E
 	if err != nil {
 		return Event{}, err
 	}
-	want := make([][]byte, len(v.Secrets))
-	for i, s := range v.Secrets {
-		want[i] = macOf(sha256.New, []byte(s), body)
-	}
-	if !anyEqual(want, [][]byte{mac}) {
-		return Event{}, &SignatureError{Provider: "github", Header: GitHubSignatureHeader, Reason: ErrSignatureMismatch}
+	if err := checkMAC("github", GitHubSignatureHeader, sha256.New, v.Secrets, [][]byte{mac}, body); err != nil {
+		return Event{}, err
 	}
 	id := strings.TrimSpace(header.Get(GitHubDeliveryHeader))
 	if id == "" {

@@ -166,16 +166,12 @@ func (v *HMACVerifier) Verify(header http.Header, body []byte, now time.Time) (E
 	if hf == nil {
 		hf = sha256.New
 	}
-	want := make([][]byte, len(v.Secrets))
-	for i, s := range v.Secrets {
-		if rawTS != "" {
-			want[i] = macOf(hf, []byte(s), []byte(rawTS), []byte("."), body)
-		} else {
-			want[i] = macOf(hf, []byte(s), body)
-		}
+	signed := [][]byte{body}
+	if rawTS != "" {
+		signed = [][]byte{[]byte(rawTS), []byte("."), body}
 	}
-	if !anyEqual(want, [][]byte{mac}) {
-		return Event{}, &SignatureError{Provider: v.name(), Header: v.sigHeader(), Reason: ErrSignatureMismatch}
+	if err := checkMAC(v.name(), v.sigHeader(), hf, v.Secrets, [][]byte{mac}, signed...); err != nil {
+		return Event{}, err
 	}
 	if rawTS != "" {
 		if err := checkTolerance(v.name(), http.CanonicalHeaderKey(v.TimestampHeader), ts, now, v.Tolerance); err != nil {

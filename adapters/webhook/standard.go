@@ -55,18 +55,27 @@ type StandardVerifier struct {
 func (v *StandardVerifier) Provider() string { return "standard" }
 
 func (v *StandardVerifier) validate() error {
+	_, err := v.keys()
+	return err
+}
+
+// keys validates the verifier and returns the HMAC keys of its secrets.
+func (v *StandardVerifier) keys() ([][]byte, error) {
 	if err := validateSecrets(v.Secrets); err != nil {
-		return err
-	}
-	for _, s := range v.Secrets {
-		if _, err := DecodeStandardSecret(s); err != nil {
-			return err
-		}
+		return nil, err
 	}
 	if v.Tolerance < 0 {
-		return &ConfigError{Field: "Tolerance", Reason: "must be positive"}
+		return nil, &ConfigError{Field: "Tolerance", Reason: "must be positive"}
 	}
-	return nil
+	keys := make([][]byte, len(v.Secrets))
+	for i, s := range v.Secrets {
+		k, err := DecodeStandardSecret(s)
+		if err != nil {
+			return nil, err
+		}
+		keys[i] = k
+	}
+	return keys, nil
 }
 
 // DecodeStandardSecret returns the HMAC key of a "whsec_<base64>" secret.
@@ -126,7 +135,8 @@ func standardHeaders(h http.Header) (id, ts, sig string) {
 
 // Verify implements Verifier.
 func (v *StandardVerifier) Verify(header http.Header, body []byte, now time.Time) (Event, error) {
-	if err := v.validate(); err != nil {
+	keys, err := v.keys()
+	if err != nil {
 		return Event{}, err
 	}
 	id, rawTS, rawSig := standardHeaders(header)
@@ -150,13 +160,8 @@ func (v *StandardVerifier) Verify(header http.Header, body []byte, now time.Time
 	if err != nil {
 		return Event{}, err
 	}
-	want := make([][]byte, len(v.Secrets))
-	for i, s := range v.Secrets {
-		key, _ := DecodeStandardSecret(s) // validated above
-		want[i] = macOf(sha256.New, key, []byte(id), []byte("."), []byte(rawTS), []byte("."), body)
-	}
-	if !anyEqual(want, sigs) {
-		return Event{}, &SignatureError{Provider: "standard", Header: StandardSignatureHeader, Reason: ErrSignatureMismatch}
+	if err := checkMAC("standard", StandardSignatureHeader, sha256.New, keys, sigs, []byte(id), []byte("."), []byte(rawTS), []byte("."), body); err != nil {
+		return Event{}, err
 	}
 	if err := checkTolerance("standard", StandardTimestampHeader, ts, now, v.Tolerance); err != nil {
 		return Event{}, err

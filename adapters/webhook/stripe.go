@@ -125,12 +125,8 @@ func (v *StripeVerifier) Verify(header http.Header, body []byte, now time.Time) 
 	if err != nil {
 		return Event{}, err
 	}
-	want := make([][]byte, len(v.Secrets))
-	for i, s := range v.Secrets {
-		want[i] = macOf(sha256.New, []byte(s), []byte(sig.RawTimestamp), []byte("."), body)
-	}
-	if !anyEqual(want, sig.V1) {
-		return Event{}, &SignatureError{Provider: "stripe", Header: StripeSignatureHeader, Reason: ErrSignatureMismatch}
+	if err := checkMAC("stripe", StripeSignatureHeader, sha256.New, v.Secrets, sig.V1, []byte(sig.RawTimestamp), []byte("."), body); err != nil {
+		return Event{}, err
 	}
 	if err := checkTolerance("stripe", StripeSignatureHeader, sig.Timestamp, now, v.Tolerance); err != nil {
 		return Event{}, err

@@ -41,18 +41,24 @@ func macOf(h func() hash.Hash, key []byte, parts ...[]byte) []byte {
 	return m.Sum(nil)
 }
 
-// anyEqual reports whether one of got equals one of want, comparing each
-// pair in constant time.
-func anyEqual(want, got [][]byte) bool {
+// checkMAC accepts a delivery when one of sigs is the HMAC of parts under
+// one of keys (several keys while a secret rotates, several signatures while
+// the sender rotates), comparing every pair in constant time. Otherwise it
+// returns the mismatch *SignatureError of provider's header.
+func checkMAC[K string | []byte](provider, header string, h func() hash.Hash, keys []K, sigs [][]byte, parts ...[]byte) error {
 	ok := false
-	for _, w := range want {
-		for _, g := range got {
-			if hmac.Equal(w, g) {
+	for _, k := range keys {
+		want := macOf(h, []byte(k), parts...)
+		for _, s := range sigs {
+			if hmac.Equal(want, s) {
 				ok = true
 			}
 		}
 	}
-	return ok
+	if !ok {
+		return &SignatureError{Provider: provider, Header: header, Reason: ErrSignatureMismatch}
+	}
+	return nil
 }
 
 // parseUnix parses a decimal Unix timestamp in seconds.
