@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -34,44 +33,20 @@ func start(t *testing.T) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	go func() { done <- run(ctx, ln, db.URL, log) }()
+	dbtest.Background(t, "orders-api", func(ctx context.Context) error { return run(ctx, ln, db.URL, log) })
 	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections) // before the server stops: cleanups run last first
 	h := &harness{db: db, url: "http://" + ln.Addr().String(), http: &http.Client{Transport: base, Timeout: 10 * time.Second}}
-	t.Cleanup(func() {
-		base.CloseIdleConnections()
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("run returned %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Error("run did not stop")
-		}
-	})
 	// Wait until the tables exist and the server answers.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	dbtest.WaitFor(t, 10*time.Second, "the server to come up", func() bool {
 		resp, err := h.http.Get(h.url + "/orders/00000000-0000-0000-0000-000000000000")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusUnauthorized {
-				break
-			}
+		if err != nil {
+			return false
 		}
-		select {
-		case err := <-done:
-			t.Fatalf("run stopped: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the server did not come up: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusUnauthorized
+	})
 	return h
 }
 
@@ -124,13 +99,7 @@ func TestOrdersAPI(t *testing.T) {
 	// Duplicates fired at the same instant create one order.
 	const n = 8
 	answers := make([]answer, n)
-	var start, done sync.WaitGroup
-	start.Add(1)
-	for i := range n {
-		done.Go(func() { start.Wait(); answers[i] = h.do(t, "POST", "/orders", acme, cart) })
-	}
-	start.Done()
-	done.Wait()
+	dbtest.Together(n, func(i int) { answers[i] = h.do(t, "POST", "/orders", acme, cart) })
 	var id string
 	fresh := 0
 	for _, a := range answers {

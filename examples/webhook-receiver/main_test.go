@@ -13,7 +13,6 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -115,18 +114,7 @@ func TestReceiverRecordsEachEventOnce(t *testing.T) {
 	for _, d := range events {
 		const n = 10
 		statuses := make([]int, n)
-		var start, done sync.WaitGroup
-		start.Add(1)
-		done.Add(n)
-		for i := range n {
-			go func() {
-				defer done.Done()
-				start.Wait()
-				statuses[i], _ = send(t, srv.URL, d)
-			}()
-		}
-		start.Done()
-		done.Wait()
+		dbtest.Together(n, func(i int) { statuses[i], _ = send(t, srv.URL, d) })
 		for i, s := range statuses {
 			if s != http.StatusOK {
 				t.Errorf("%s delivery %d: %d, want 200", d.path, i, s)
