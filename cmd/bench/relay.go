@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -51,6 +50,17 @@ func (b *bench) enqueue(ctx context.Context, ob *dedupe.Outbox, topic string) er
 // awaiting the acks, then marking them published in the same transaction.
 // It keeps no per-key order and no retry bookkeeping. Latency: one cycle.
 func (b *bench) relayHand(ctx context.Context, js jetstream.JetStream, row, w int) (*result, error) {
+	return b.drainOutbox(ctx, js, row, w, func(*dedupe.Outbox) (func(context.Context) (int, error), error) {
+		return func(ctx context.Context) (int, error) { return handRelayCycle(ctx, b, js) }, nil
+	})
+}
+
+// drainOutbox enqueues the row's messages and drains them with w loops, each
+// calling a cycle newCycle returns over the outbox until every message was
+// published.
+// Latency: one cycle that published something.
+func (b *bench) drainOutbox(ctx context.Context, js jetstream.JetStream, row, w int,
+	newCycle func(ob *dedupe.Outbox) (func(context.Context) (int, error), error)) (*result, error) {
 	ob, err := dedupe.NewOutbox(b.pool, nil)
 	if err != nil {
 		return nil, err
@@ -63,6 +73,12 @@ func (b *bench) relayHand(ctx context.Context, js jetstream.JetStream, row, w in
 	if err := b.enqueue(ctx, ob, subject); err != nil {
 		return nil, err
 	}
+	cycles := make([]func(context.Context) (int, error), w)
+	for i := range cycles {
+		if cycles[i], err = newCycle(ob); err != nil {
+			return nil, err
+		}
+	}
 	n := int64(b.opts.transportMsgs)
 	var (
 		published atomic.Int64
@@ -72,11 +88,11 @@ func (b *bench) relayHand(ctx context.Context, js jetstream.JetStream, row, w in
 		errOnce   sync.Once
 	)
 	start := time.Now()
-	for range w {
+	for _, cycle := range cycles {
 		wg.Go(func() {
 			for published.Load() < n && ctx.Err() == nil {
 				t0 := time.Now()
-				got, err := handRelayCycle(ctx, b, js)
+				got, err := cycle(ctx)
 				if err != nil {
 					errOnce.Do(func() { firstErr = err })
 					return
@@ -92,6 +108,9 @@ func (b *bench) relayHand(ctx context.Context, js jetstream.JetStream, row, w in
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	if firstErr == nil {
+		firstErr = ctx.Err() // stopped before every message was published
+	}
 	if firstErr != nil {
 		return nil, firstErr
 	}
@@ -154,57 +173,15 @@ func handRelayCycle(ctx context.Context, b *bench, js jetstream.JetStream) (int,
 
 // relayLib drains the same outbox with w dedupe.Relays driven by Cycle.
 func (b *bench) relayLib(ctx context.Context, js jetstream.JetStream, row, w int) (*result, error) {
-	ob, err := dedupe.NewOutbox(b.pool, nil)
-	if err != nil {
-		return nil, err
-	}
-	subject, cleanup, err := outboxStream(ctx, js, row)
-	if err != nil {
-		return nil, err
-	}
-	defer cleanup()
-	if err := b.enqueue(ctx, ob, subject); err != nil {
-		return nil, err
-	}
 	pub, err := dedupenats.NewOutboxPublisher(js, nil)
 	if err != nil {
 		return nil, err
 	}
-	n := int64(b.opts.transportMsgs)
-	var (
-		published atomic.Int64
-		lat       latencies
-		wg        sync.WaitGroup
-		firstErr  error
-		errOnce   sync.Once
-	)
-	start := time.Now()
-	for range w {
+	return b.drainOutbox(ctx, js, row, w, func(ob *dedupe.Outbox) (func(context.Context) (int, error), error) {
 		relay, err := dedupe.NewRelay(ob, pub, dedupe.RelayConfig{BatchSize: 100, DisableListen: true})
 		if err != nil {
 			return nil, err
 		}
-		wg.Go(func() {
-			for published.Load() < n && ctx.Err() == nil {
-				t0 := time.Now()
-				got, err := relay.Cycle(ctx)
-				if err != nil && !errors.Is(err, context.Canceled) {
-					errOnce.Do(func() { firstErr = err })
-					return
-				}
-				if got == 0 {
-					time.Sleep(time.Millisecond)
-					continue
-				}
-				lat.add(time.Since(t0))
-				published.Add(int64(got))
-			}
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	if firstErr != nil {
-		return nil, firstErr
-	}
-	return drained("", "", "cycle of ≤100", w, int(n), elapsed, &lat), nil
+		return relay.Cycle, nil
+	})
 }
