@@ -2,9 +2,10 @@ package dedupe
 
 import (
 	"crypto/sha1" //nolint:gosec // RFC 9562 name-based UUIDs (version 5) are defined over SHA-1.
-	"encoding/hex"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/exactlyonce/dedupe/internal/uuid"
 )
 
 // MaxKeyLen is the longest scope or key accepted, in bytes.
@@ -90,18 +91,7 @@ func DeriveKey(k Key, step string) string {
 		h.Write(n[:])
 		h.Write([]byte(part))
 	}
-	sum := h.Sum(nil)
-	sum[6] = (sum[6] & 0x0f) | 0x50 // version 5
-	sum[8] = (sum[8] & 0x3f) | 0x80 // RFC 9562 variant
-	var buf [36]byte
-	hex.Encode(buf[0:8], sum[0:4])
-	buf[8] = '-'
-	hex.Encode(buf[9:13], sum[4:6])
-	buf[13] = '-'
-	hex.Encode(buf[14:18], sum[6:8])
-	buf[18] = '-'
-	hex.Encode(buf[19:23], sum[8:10])
-	buf[23] = '-'
-	hex.Encode(buf[24:36], sum[10:16])
-	return string(buf[:])
+	var b [16]byte
+	copy(b[:], h.Sum(nil))
+	return uuid.Format(b, 5)
 }

@@ -2,17 +2,16 @@ package dedupe
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/dedupe/internal/uuid"
 )
 
 // DefaultOutboxTable is the default of Config.OutboxTable.
@@ -129,7 +128,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Querier, msg Message) (string, 
 		return "", &ConfigError{Field: "tx", Reason: "must not be nil"}
 	}
 	if msg.ID == "" {
-		msg.ID = newMessageID()
+		msg.ID = uuid.New()
 	}
 	if err := msg.validate(); err != nil {
 		return "", err
@@ -156,35 +155,20 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Querier, msg Message) (string, 
 	return msg.ID, nil
 }
 
-// validate checks the fields Enqueue stores.
+// validate checks the fields Enqueue stores with the rules of keys (see
+// Key.Validate); Key may be empty.
 func (m *Message) validate() error {
 	check := func(field, v string, required bool) error {
-		switch {
-		case v == "" && required:
-			return &MessageError{Field: field, Reason: "is required"}
-		case len(v) > MaxKeyLen:
-			return &MessageError{Field: field, Reason: fmt.Sprintf("is longer than %d bytes", MaxKeyLen)}
-		case !utf8.ValidString(v):
-			return &MessageError{Field: field, Reason: "is not valid UTF-8"}
+		if v == "" && !required {
+			return nil
 		}
-		for _, r := range v {
-			if unicode.IsControl(r) {
-				return &MessageError{Field: field, Reason: "holds a control character"}
-			}
+		var ke *KeyError
+		if err := validatePart(field, v); errors.As(err, &ke) {
+			return &MessageError{Field: field, Reason: strings.TrimPrefix(ke.Reason.Error(), "dedupe: ")}
 		}
 		return nil
 	}
 	return errors.Join(check("ID", m.ID, true), check("Topic", m.Topic, true), check("Key", m.Key, false))
-}
-
-// newMessageID returns a random (version 4) UUID.
-func newMessageID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	h := hex.EncodeToString(b[:])
-	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
 // OutboxStats is the state of the outbox's unpublished rows.
