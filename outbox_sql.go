@@ -23,31 +23,31 @@ import "strings"
 //
 // Rows with an empty key have no order and are all claimable.
 
-// sqlOutboxEnqueue inserts one message and notifies the relays at commit.
+// sqlOutboxEnqueueLock takes the key's advisory lock (not for an empty key)
+// before the row's id is drawn; sqlOutboxEnqueueInsert inserts from it.
 // $1 message id, $2 topic, $3 key, $4 headers, $5 payload, $6 now, $7 lock
-// seed (per table). An id already in the outbox inserts nothing (the command
-// tag reports 0 rows).
-const sqlOutboxEnqueue = `WITH lock AS MATERIALIZED (
+// seed (per table). An id already in the outbox inserts nothing.
+const (
+	sqlOutboxEnqueueLock = `WITH lock AS MATERIALIZED (
     SELECT count(*) AS n FROM (
         SELECT pg_advisory_xact_lock(hashtextextended($2::text || '/' || $3::text, $7::bigint))
         WHERE $3::text <> '') l
-), ins AS (
-    INSERT INTO {{outbox}} (message_id, topic, key, headers, payload, next_attempt_at, created_at)
-    SELECT $1, $2, $3, $4, $5, $6, $6 FROM lock
-    ON CONFLICT (message_id) DO NOTHING
+)`
+	sqlOutboxEnqueueInsert = `INSERT INTO {{outbox}} (message_id, topic, key, headers, payload, next_attempt_at, created_at)
+SELECT $1, $2, $3, $4, $5, $6, $6 FROM lock
+ON CONFLICT (message_id) DO NOTHING`
+)
+
+// sqlOutboxEnqueue inserts one message and notifies the relays at commit.
+const sqlOutboxEnqueue = sqlOutboxEnqueueLock + `, ins AS (
+` + sqlOutboxEnqueueInsert + `
     RETURNING tableoid
 )
 SELECT pg_notify('` + outboxChannelPrefix + `' || tableoid::text, '') FROM ins`
 
 // sqlOutboxEnqueueQuiet is sqlOutboxEnqueue without the notification.
-const sqlOutboxEnqueueQuiet = `WITH lock AS MATERIALIZED (
-    SELECT count(*) AS n FROM (
-        SELECT pg_advisory_xact_lock(hashtextextended($2::text || '/' || $3::text, $7::bigint))
-        WHERE $3::text <> '') l
-)
-INSERT INTO {{outbox}} (message_id, topic, key, headers, payload, next_attempt_at, created_at)
-SELECT $1, $2, $3, $4, $5, $6, $6 FROM lock
-ON CONFLICT (message_id) DO NOTHING`
+const sqlOutboxEnqueueQuiet = sqlOutboxEnqueueLock + `
+` + sqlOutboxEnqueueInsert
 
 // outboxChannelPrefix prefixes the table's oid to name its NOTIFY channel, so
 // that outboxes in different schemas do not wake each other's relays.
