@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/exactlyonce/dedupe"
@@ -231,25 +230,31 @@ func (r *runner) run(ctx context.Context) int {
 
 	// The heartbeat outlives an interruption of dedupe: the lease must hold
 	// until the command has really stopped.
-	hbCtx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
-	lost := make(chan error, 1)
-	var hb sync.WaitGroup
-	hb.Go(func() {
-		if err := heartbeat(hbCtx, r.inbox, r.claim, r.f.heartbeat, r.f.lease, r.c.log); err != nil {
-			lost <- err
-		}
-	})
+	hbCtx, cancelHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
+	hb := r.inbox.KeepAlive(hbCtx, r.claim, r.f.heartbeat)
+	// KeepAlive retries a failing renewal for as long as it fails; once the
+	// lease is about to run out, another run may take the key over.
+	expiring := time.NewTimer(time.Until(r.claim.LockedUntil) - r.f.heartbeat)
+	defer expiring.Stop()
 
 	var (
 		lostErr     error
 		interrupted bool
 		stopping    <-chan time.Time
 		doneCtx     = ctx.Done()
+		lost        = hb.Lost()
 	)
 	stop := func() {
 		if stopping == nil {
 			ch.terminate()
 			stopping = time.After(r.f.killAfter)
+		}
+	}
+	leaseLost := func(err error) {
+		if lostErr == nil {
+			lostErr = err
+			r.c.log.Error("dedupe run: lease lost; stopping the command", "key", r.claim.Key.String(), "err", err)
+			stop()
 		}
 	}
 wait:
@@ -262,22 +267,27 @@ wait:
 			interrupted = true
 			r.c.log.Warn("dedupe run: interrupted; stopping the command", "key", r.claim.Key.String())
 			stop()
-		case lostErr = <-lost:
-			r.c.log.Error("dedupe run: lease lost; stopping the command", "key", r.claim.Key.String(), "err", lostErr)
-			stop()
+		case <-lost:
+			lost = nil
+			leaseLost(hb.Stop())
+		case <-expiring.C:
+			if left := time.Until(hb.LockedUntil()) - r.f.heartbeat; left > 0 {
+				expiring.Reset(left)
+				continue
+			}
+			leaseLost(fmt.Errorf("%w: renewing failed until the lease was about to run out", dedupe.ErrLeaseLost))
 		case <-stopping:
 			ch.kill()
 			stopping = make(chan time.Time) // never again
 		}
 	}
-	stopHeartbeat()
-	hb.Wait()
-	if lostErr == nil {
-		select {
-		case lostErr = <-lost:
-		default:
-		}
+	// Cancel first: a renewal hanging on an unreachable database must not
+	// hold the outcome back.
+	cancelHeartbeat()
+	if err := hb.Stop(); lostErr == nil {
+		lostErr = err
 	}
+	r.claim.LockedUntil = hb.LockedUntil()
 	status := exitStatus(cmd.ProcessState)
 	duration := time.Since(started)
 	r.rep.Status = &status
