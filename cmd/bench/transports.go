@@ -44,14 +44,19 @@ func drained(name, baseline, unit string, workers, msgs int, elapsed time.Durati
 	return r
 }
 
-// waitEffects polls until the effects table holds n rows.
+// waitEffects polls until the effects table holds n rows. More than n is an
+// error: every message of a row has its own key, so an extra effect is a
+// duplicate, and a row that made one measures nothing worth printing.
 func (b *bench) waitEffects(ctx context.Context, n int) error {
 	for {
 		var got int
 		if err := b.pool.QueryRow(ctx, "SELECT count(*) FROM bench_effects").Scan(&got); err != nil {
 			return err
 		}
-		if got >= n {
+		if got > n {
+			return fmt.Errorf("%d effects for %d messages: duplicated effects", got, n)
+		}
+		if got == n {
 			return nil
 		}
 		select {
