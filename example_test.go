@@ -2,11 +2,8 @@ package dedupe_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,35 +13,8 @@ import (
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 )
 
-// exampleDB connects to the test server (DATABASE_URL, else 127.0.0.1:5432)
-// in a fresh schema that cleanup drops.
-func exampleDB() (pool *pgxpool.Pool, cleanup func()) {
-	ctx := context.Background()
-	base := os.Getenv("DATABASE_URL")
-	if base == "" {
-		base = dbtest.LocalURL
-	}
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	schema := "ex_" + hex.EncodeToString(b[:])
-	admin, err := pgx.Connect(ctx, base)
-	if err != nil {
-		panic(err)
-	}
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		panic(err)
-	}
-	u, _ := dbtest.WithSearchPath(base, schema)
-	pool, err = pgxpool.New(ctx, u)
-	if err != nil {
-		panic(err)
-	}
-	return pool, func() {
-		pool.Close()
-		_, _ = admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-		admin.Close(ctx)
-	}
-}
+// exampleDB is a fresh schema on the test server; see dbtest.ForExample.
+func exampleDB() (*pgxpool.Pool, func()) { return dbtest.ForExample() }
 
 // A consumer whose broker delivers the same message three times charges the
 // customer once: the claim and the charge commit in one transaction.
