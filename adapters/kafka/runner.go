@@ -92,13 +92,22 @@ func newRunner(inbox *dedupe.Inbox, reader Reader, cfg Config, h HandlerFunc, bh
 	if err != nil {
 		return nil, err
 	}
+	if c.MaxAttempts != 0 {
+		// ClaimBatch and RecordFailure count attempts against their inbox's
+		// MaxAttempts: give the runner an inbox over the same table with its
+		// own, so that batch mode and per-message mode give up alike.
+		ic := inbox.Config()
+		ic.MaxAttempts = c.MaxAttempts
+		if inbox, err = dedupe.New(inbox.DB(), &ic); err != nil {
+			return nil, err
+		}
+	}
 	r := &Runner{inbox: inbox, reader: reader, cfg: c, handler: h, batchH: bh}
 	r.consumer, err = dedupe.NewConsumer(inbox, dedupe.ConsumerConfig[kafka.Message]{
 		Scope:       c.Scope,
 		Key:         r.keyID,
 		Fingerprint: c.Fingerprint,
 		IsoLevel:    c.IsoLevel,
-		MaxAttempts: c.MaxAttempts,
 	}, r.consumerHandler)
 	if err != nil {
 		return nil, err

@@ -530,3 +530,66 @@ func TestMemberJoinsMidStream(t *testing.T) {
 	t.Logf("first %+v", s1)
 	t.Logf("second %+v", s2)
 }
+
+// Config.MaxAttempts, not the inbox's, decides when a batch-mode message is
+// given up: when the batch claim takes over a key an earlier run left with
+// one failed attempt, and when a handler fails inside a batch.
+func TestBatchModeUsesRunnerMaxAttempts(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	ctx := context.Background()
+	strict, err := dedupe.New(b.db.Pool, &dedupe.Config{MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An earlier run of the group failed once on b-03 (and died).
+	if _, poisoned, err := b.inbox.RecordFailure(ctx, dedupe.Key{Scope: b.group, ID: "b-03"}, errors.New("earlier run")); err != nil || poisoned {
+		t.Fatalf("seed failed attempt: poisoned %v, err %v", poisoned, err)
+	}
+	var msgs []kafka.Message
+	for n := range 10 {
+		msgs = append(msgs, msg(fmt.Sprintf("b-%02d", n), "", nil))
+	}
+	b.produce(t, msgs...)
+	cfg := dedupekafka.Config{BatchSize: 10, Linger: 200 * time.Millisecond, MaxAttempts: 3, RetryBackoff: 10 * time.Millisecond}
+	m := b.startWith(t, func(rd dedupekafka.Reader) (*dedupekafka.Runner, error) {
+		return dedupekafka.New(strict, rd, cfg, insertEffect)
+	})
+	b.waitDrained(t, 30*time.Second)
+	if n := b.effects(t); n != 10 {
+		t.Fatalf("effects = %d, want 10 (stats %+v)", n, m.runner.Stats())
+	}
+	if n := b.db.Count(t, "SELECT attempts FROM dedupe_inbox WHERE key = 'b-03' AND state = 'complete'"); n != 2 {
+		t.Fatalf("b-03: complete on attempt %d, want 2", n)
+	}
+	if s := m.runner.Stats(); s.GivenUp != 0 || s.Batches != 1 {
+		t.Fatalf("want one batch and nothing given up: %+v", s)
+	}
+	m.stop(t)
+
+	// A message that always fails in a batch gets the runner's 3 attempts.
+	var calls atomic.Int32
+	b.produce(t, msg("c-00", "", nil), msg("poison", "", nil), msg("c-01", "", nil))
+	m = b.startWith(t, func(rd dedupekafka.Reader) (*dedupekafka.Runner, error) {
+		return dedupekafka.New(strict, rd, cfg, func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
+			if string(m.Headers[0].Value) == "poison" {
+				calls.Add(1)
+				return errors.New("cannot decode")
+			}
+			return insertEffect(ctx, tx, m)
+		})
+	})
+	b.waitDrained(t, 30*time.Second)
+	if n := b.effects(t); n != 12 {
+		t.Fatalf("effects = %d, want 12", n)
+	}
+	if n := b.db.Count(t, "SELECT attempts FROM dedupe_inbox WHERE key = 'poison' AND state = 'failed'"); n != 3 {
+		t.Fatalf("poison: failed after %d attempts, want 3", n)
+	}
+	if n := calls.Load(); n != 3 {
+		t.Fatalf("handler calls for poison = %d, want 3", n)
+	}
+	if s := m.runner.Stats(); s.GivenUp != 1 || s.Fallbacks != 1 {
+		t.Fatalf("want one fallback and one message given up: %+v", s)
+	}
+}
