@@ -112,5 +112,3 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	case <-t.C:
 	}
 }
-
-func sortDurations(d []time.Duration) { slices.Sort(d) }

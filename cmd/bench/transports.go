@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -38,7 +39,7 @@ func drained(name, baseline, unit string, workers, msgs int, elapsed time.Durati
 	r := &result{scenario: name, baseline: baseline, unit: unit, workers: workers, msgs: int64(msgs), elapsed: elapsed}
 	if lat != nil {
 		l := lat.all
-		sortDurations(l)
+		slices.Sort(l)
 		r.p50, r.p99 = percentile(l, 0.5), percentile(l, 0.99)
 	}
 	return r
