@@ -113,29 +113,14 @@ func run(ctx context.Context, o options) (*report, error) {
 		return nil, err
 	}
 
-	// NATS with JetStream, in-process, storing in a temporary directory.
-	dir, err := os.MkdirTemp("", "dedupe-quickstart-")
+	// NATS with JetStream, in-process, storing in a temporary directory;
+	// its own connection publishes the orders.
+	ns, err := natstest.Embed()
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	srv, err := natstest.Start(dir)
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	}()
-	pub, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		return nil, err
-	}
-	defer pub.Close()
-	js, err := jetstream.New(pub)
-	if err != nil {
-		return nil, err
-	}
+	defer ns.Close()
+	js := ns.JS
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: streamName, Subjects: []string{"orders.>"}}); err != nil {
 		return nil, err
 	}
@@ -176,7 +161,7 @@ func run(ctx context.Context, o options) (*report, error) {
 	var wg sync.WaitGroup
 	errs := make([]error, o.Consumers)
 	for i := range o.Consumers {
-		nc, err := nats.Connect(srv.ClientURL())
+		nc, err := nats.Connect(ns.URL())
 		if err != nil {
 			return nil, err
 		}
