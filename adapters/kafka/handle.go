@@ -10,15 +10,7 @@ import (
 	"github.com/exactlyonce/dedupe"
 )
 
-// failedInBatchKey carries, into one Consumer.Handle call, the error a
-// message's handler already returned inside a rolled-back batch, so that the
-// attempt is recorded without running the handler a second time.
-type failedInBatchKey struct{}
-
 func (r *Runner) consumerHandler(ctx context.Context, tx pgx.Tx, msg kafka.Message) error {
-	if err, ok := ctx.Value(failedInBatchKey{}).(error); ok {
-		return err
-	}
 	if r.handler == nil {
 		return r.batchH(ctx, tx, []kafka.Message{msg})
 	}
@@ -28,19 +20,22 @@ func (r *Runner) consumerHandler(ctx context.Context, tx pgx.Tx, msg kafka.Messa
 // handleOne handles msg in its own transaction, retrying with backoff until
 // it is handled, found a duplicate or given up on. failed, when not nil, is
 // the error its handler returned in a batch just rolled back: it is recorded
-// as the first attempt. handleOne reports false only when ctx ended first.
+// as an attempt without running the handler again. handleOne reports false
+// only when ctx ended first.
 func (r *Runner) handleOne(ctx context.Context, msg kafka.Message, failed error) bool {
-	if _, err := r.consumer.KeyOf(msg); err != nil {
+	key, err := r.consumer.KeyOf(msg)
+	if err != nil {
 		return r.giveUp(ctx, msg, err)
 	}
 	backoff := r.cfg.RetryBackoff
 	for {
-		hctx := ctx
+		var outcome dedupe.Outcome
 		if failed != nil {
-			hctx = context.WithValue(ctx, failedInBatchKey{}, failed)
+			outcome, err = r.recordFailure(ctx, key, failed)
 			failed = nil
+		} else {
+			outcome, err = r.consumer.HandleKey(ctx, key, msg)
 		}
-		outcome, err := r.consumer.Handle(hctx, msg)
 		switch {
 		case err == nil && outcome == dedupe.OutcomeDuplicate:
 			r.stats.duplicates.Add(1)
@@ -66,4 +61,20 @@ func (r *Runner) handleOne(ctx context.Context, msg kafka.Message, failed error)
 		}
 		backoff = min(2*backoff, r.cfg.MaxRetryBackoff)
 	}
+}
+
+// recordFailure counts the attempt that cause, key's handler error in a
+// rolled-back batch, used up, and reports it the way Consumer.HandleKey
+// reports a failed handler: OutcomeRetry, or OutcomePoisoned when the
+// attempts are used up or cause is permanent.
+func (r *Runner) recordFailure(ctx context.Context, key dedupe.Key, cause error) (dedupe.Outcome, error) {
+	attempts, poisoned, err := r.inbox.RecordFailure(ctx, key, cause)
+	if err != nil {
+		return 0, errors.Join(cause, err)
+	}
+	he := &dedupe.HandlerError{Key: key, Attempt: attempts, Err: cause, Poisoned: poisoned}
+	if poisoned {
+		return dedupe.OutcomePoisoned, he
+	}
+	return dedupe.OutcomeRetry, he
 }
