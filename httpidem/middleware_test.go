@@ -9,8 +9,12 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/httpidem"
@@ -539,5 +543,140 @@ func TestFingerprintWithHeaders(t *testing.T) {
 	}
 	if b.calls.Load() != 1 {
 		t.Fatalf("handler ran %d times, want 1", b.calls.Load())
+	}
+}
+
+func TestMethodsTheLayerAppliesTo(t *testing.T) {
+	t.Parallel()
+	send := func(h http.Handler, method, key string) reply {
+		req := httptest.NewRequest(method, "/orders", strings.NewReader(`{"cart_id":"m","total_cents":1}`))
+		req.Header.Set("X-Tenant-ID", "acme")
+		req.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return toReply(t, w.Result())
+	}
+	// PATCH is claimed by default, like POST: its retry is replayed.
+	b := setup(t)
+	for i, wantReplayed := range []bool{false, true} {
+		if r := send(b.handler, http.MethodPatch, "key-patch"); r.status != http.StatusCreated || r.replayed != wantReplayed {
+			t.Fatalf("PATCH %d = %d replayed=%v, want 201 replayed=%v", i+1, r.status, r.replayed, wantReplayed)
+		}
+	}
+	if got := b.calls.Load(); got != 1 {
+		t.Fatalf("PATCH handler ran %d times, want 1", got)
+	}
+	// Configured methods replace the default ones.
+	b = setup(t, httpidem.Config{Methods: []string{"put"}})
+	for i, wantReplayed := range []bool{false, true} {
+		if r := send(b.handler, http.MethodPut, "key-put"); r.status != http.StatusCreated || r.replayed != wantReplayed {
+			t.Fatalf("PUT %d = %d replayed=%v, want 201 replayed=%v", i+1, r.status, r.replayed, wantReplayed)
+		}
+	}
+	for i := range 2 {
+		if r := send(b.handler, http.MethodPost, "key-post"); r.status != http.StatusInternalServerError || r.replayed {
+			// Outside the layer the handler has no transaction: its 500 says
+			// so, and it is never replayed.
+			t.Fatalf("POST %d = %d replayed=%v %s, want the handler's own 500 (no Tx)", i+1, r.status, r.replayed, r.body)
+		}
+	}
+	if got := b.calls.Load(); got != 3 {
+		t.Fatalf("handler ran %d times, want 3 (one PUT, two POSTs)", got)
+	}
+}
+
+// countingDB counts the statements, transactions and commits the middleware
+// sends, its transactions' included.
+type countingDB struct {
+	dedupe.DB
+	statements, begins, commits atomic.Int64
+}
+
+func (c *countingDB) Begin(ctx context.Context) (pgx.Tx, error) {
+	return c.BeginTx(ctx, pgx.TxOptions{})
+}
+
+func (c *countingDB) BeginTx(ctx context.Context, o pgx.TxOptions) (pgx.Tx, error) {
+	c.begins.Add(1)
+	tx, err := c.DB.BeginTx(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	return &countingTx{Tx: tx, c: c}, nil
+}
+
+func (c *countingDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	c.statements.Add(1)
+	return c.DB.Exec(ctx, sql, args...)
+}
+
+func (c *countingDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	c.statements.Add(1)
+	return c.DB.Query(ctx, sql, args...)
+}
+
+func (c *countingDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	c.statements.Add(1)
+	return c.DB.QueryRow(ctx, sql, args...)
+}
+
+func (c *countingDB) reset() { c.statements.Store(0); c.begins.Store(0); c.commits.Store(0) }
+
+type countingTx struct {
+	pgx.Tx
+	c *countingDB
+}
+
+func (t *countingTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	t.c.statements.Add(1)
+	return t.Tx.Exec(ctx, sql, args...)
+}
+
+func (t *countingTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	t.c.statements.Add(1)
+	return t.Tx.Query(ctx, sql, args...)
+}
+
+func (t *countingTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	t.c.statements.Add(1)
+	return t.Tx.QueryRow(ctx, sql, args...)
+}
+
+func (t *countingTx) Commit(ctx context.Context) error {
+	t.c.commits.Add(1)
+	return t.Tx.Commit(ctx)
+}
+
+// TestHotPathCost pins the database work of the two common cases: a new key
+// is the claim (autocommitted), then one transaction holding the handler's
+// insert and the stored response; a replay is the claim and the read of the
+// stored result, with no transaction.
+func TestHotPathCost(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	db := &countingDB{DB: b.db.Pool}
+	mw, err := httpidem.New(db, &httpidem.Config{
+		Inbox:  dedupe.Config{Clock: b.clock.Now},
+		Tenant: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant-ID"), nil },
+		Logger: testLogger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.handler = mw.Handler(http.HandlerFunc(b.createOrder))
+
+	if r := b.post(t, "acme", "key-cost", cart); r.status != http.StatusCreated || r.replayed {
+		t.Fatalf("first = %d replayed=%v %s", r.status, r.replayed, r.body)
+	}
+	// claim + the handler's INSERT + the stored response; one BEGIN, one COMMIT.
+	if s, bg, c := db.statements.Load(), db.begins.Load(), db.commits.Load(); s != 3 || bg != 1 || c != 1 {
+		t.Fatalf("new key: %d statements, %d transactions, %d commits; want 3, 1, 1", s, bg, c)
+	}
+	db.reset()
+	if r := b.post(t, "acme", "key-cost", cart); r.status != http.StatusCreated || !r.replayed {
+		t.Fatalf("replay = %d replayed=%v", r.status, r.replayed)
+	}
+	if s, bg := db.statements.Load(), db.begins.Load(); s > 2 || bg != 0 {
+		t.Fatalf("replay: %d statements, %d transactions; want at most 2 and none", s, bg)
 	}
 }
