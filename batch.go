@@ -37,32 +37,36 @@ func (i *Inbox) ClaimBatch(ctx context.Context, tx pgx.Tx, keys []Key) ([]*Claim
 	// concurrent batches that lock in the same order cannot deadlock.
 	type item struct {
 		key   Key
-		first int
+		first int   // index in keys
+		token int64 // fencing token if the upsert takes it
 	}
-	byKey := make(map[[2]string]int, len(keys))
+	byKey := make(map[[2]string]int, len(keys)) // (scope, id) → index in items
 	var items []item
 	for n, k := range keys {
 		id := [2]string{k.Scope, k.ID}
-		if first, ok := byKey[id]; ok {
+		if j, ok := byKey[id]; ok {
 			out[n] = &Claim{Key: k, Outcome: OutcomeDuplicate, Result: &Result{}}
-			if fp := keys[first].Fingerprint; len(fp) > 0 && len(k.Fingerprint) > 0 && string(fp) != string(k.Fingerprint) {
+			if fp := items[j].key.Fingerprint; len(fp) > 0 && len(k.Fingerprint) > 0 && string(fp) != string(k.Fingerprint) {
 				out[n] = &Claim{Key: k, Outcome: OutcomeConflict}
 			}
 			continue
 		}
-		byKey[id] = n
-		items = append(items, item{key: k, first: n})
+		byKey[id] = len(items)
+		items = append(items, item{key: k, first: n, token: rand.Int64()})
 	}
 	slices.SortFunc(items, func(a, b item) int {
 		return cmp.Or(cmp.Compare(a.key.Scope, b.key.Scope), cmp.Compare(a.key.ID, b.key.ID))
 	})
+	for j, it := range items {
+		byKey[[2]string{it.key.Scope, it.key.ID}] = j
+	}
 
 	scopes := make([]string, len(items))
 	ids := make([]string, len(items))
 	fps := make([][]byte, len(items))
 	tokens := make([]int64, len(items))
-	for n, it := range items {
-		scopes[n], ids[n], fps[n], tokens[n] = it.key.Scope, it.key.ID, it.key.Fingerprint, rand.Int64()
+	for j, it := range items {
+		scopes[j], ids[j], fps[j], tokens[j] = it.key.Scope, it.key.ID, it.key.Fingerprint, it.token
 	}
 	now := i.cfg.Clock()
 	rows, err := tx.Query(ctx, i.q.claimBatch, scopes, ids, fps, tokens, string(StateComplete),
@@ -70,21 +74,17 @@ func (i *Inbox) ClaimBatch(ctx context.Context, tx pgx.Tx, keys []Key) ([]*Claim
 	if err != nil {
 		return nil, translate(err)
 	}
-	tokenOf := make(map[[2]string]int64, len(items))
-	for n, it := range items {
-		tokenOf[[2]string{it.key.Scope, it.key.ID}] = tokens[n]
-	}
 	var (
 		scope, id, state string
 		attempts         int
 	)
 	_, err = pgx.ForEachRow(rows, []any{&scope, &id, &state, &attempts}, func() error {
-		n := byKey[[2]string{scope, id}]
-		c := &Claim{Key: keys[n], Attempt: attempts, Token: tokenOf[[2]string{scope, id}], Outcome: OutcomeClaimed}
+		it := items[byKey[[2]string{scope, id}]]
+		c := &Claim{Key: keys[it.first], Attempt: attempts, Token: it.token, Outcome: OutcomeClaimed}
 		if State(state) == StateFailed {
 			c.Outcome = OutcomePoisoned
 		}
-		out[n] = c
+		out[it.first] = c
 		return nil
 	})
 	if err != nil {
@@ -111,7 +111,7 @@ func (i *Inbox) ClaimBatch(ctx context.Context, tx pgx.Tx, keys []Key) ([]*Claim
 		return nil, translate(err)
 	}
 	for _, rec := range recs {
-		n := byKey[[2]string{rec.Key.Scope, rec.Key.ID}]
+		n := items[byKey[[2]string{rec.Key.Scope, rec.Key.ID}]].first
 		out[n] = classify(keys[n], rec)
 	}
 	for _, it := range items {

@@ -24,6 +24,22 @@ VALUES ($1, $2, $3, $4, 1, $5, $6, $7, $7, $8)
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING attempts`
 
+// sqlTakeover is the conflict clause of sqlClaim and sqlClaimBatch: an
+// in-flight key whose lease expired, with agreeing fingerprints, is taken
+// over (attempts + 1, a new token), or marked failed when its attempts ($9,
+// 0 = no limit) are used up. Any other existing row is left alone.
+const sqlTakeover = `ON CONFLICT (scope, key) DO UPDATE SET
+    state        = CASE WHEN $9::int > 0 AND t.attempts >= $9::int THEN 'failed' ELSE EXCLUDED.state END,
+    attempts     = CASE WHEN $9::int > 0 AND t.attempts >= $9::int THEN t.attempts ELSE t.attempts + 1 END,
+    token        = CASE WHEN $9::int > 0 AND t.attempts >= $9::int THEN t.token ELSE EXCLUDED.token END,
+    locked_until = CASE WHEN $9::int > 0 AND t.attempts >= $9::int THEN NULL ELSE EXCLUDED.locked_until END,
+    fingerprint  = COALESCE(t.fingerprint, EXCLUDED.fingerprint),
+    updated_at   = EXCLUDED.updated_at,
+    expires_at   = EXCLUDED.expires_at
+WHERE t.state = 'in_flight'
+  AND t.locked_until <= EXCLUDED.updated_at
+  AND (t.fingerprint IS NULL OR EXCLUDED.fingerprint IS NULL OR t.fingerprint = EXCLUDED.fingerprint)`
+
 // sqlClaim takes over an existing key that is in flight with an expired
 // lease (its holder died or a transactional attempt failed) when the
 // fingerprints agree; when the attempts are used up it marks the key failed
@@ -36,17 +52,7 @@ RETURNING attempts`
 const sqlClaim = `INSERT INTO {{inbox}} AS t
     (scope, key, state, fingerprint, attempts, token, locked_until, created_at, updated_at, expires_at)
 VALUES ($1, $2, $3, $4, 1, $5, $6, $7, $7, $8)
-ON CONFLICT (scope, key) DO UPDATE SET
-    state        = CASE WHEN $9::int > 0 AND t.attempts >= $9::int THEN 'failed' ELSE EXCLUDED.state END,
-    attempts     = CASE WHEN $9::int > 0 AND t.attempts >= $9::int THEN t.attempts ELSE t.attempts + 1 END,
-    token        = CASE WHEN $9::int > 0 AND t.attempts >= $9::int THEN t.token ELSE EXCLUDED.token END,
-    locked_until = CASE WHEN $9::int > 0 AND t.attempts >= $9::int THEN NULL ELSE EXCLUDED.locked_until END,
-    fingerprint  = COALESCE(t.fingerprint, EXCLUDED.fingerprint),
-    updated_at   = EXCLUDED.updated_at,
-    expires_at   = EXCLUDED.expires_at
-WHERE t.state = 'in_flight'
-  AND t.locked_until <= EXCLUDED.updated_at
-  AND (t.fingerprint IS NULL OR EXCLUDED.fingerprint IS NULL OR t.fingerprint = EXCLUDED.fingerprint)
+` + sqlTakeover + `
 RETURNING t.state, t.attempts`
 
 // sqlClaimBatch is sqlClaim over arrays: $1 scopes, $2 keys, $3 fingerprints,
@@ -58,17 +64,7 @@ const sqlClaimBatch = `INSERT INTO {{inbox}} AS t
 SELECT u.scope, u.key, $5, u.fingerprint, 1, u.token, $6, $7, $7, $8
 FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bigint[]) WITH ORDINALITY AS u(scope, key, fingerprint, token, ord)
 ORDER BY u.ord
-ON CONFLICT (scope, key) DO UPDATE SET
-    state        = CASE WHEN $9::int > 0 AND t.attempts >= $9::int THEN 'failed' ELSE EXCLUDED.state END,
-    attempts     = CASE WHEN $9::int > 0 AND t.attempts >= $9::int THEN t.attempts ELSE t.attempts + 1 END,
-    token        = CASE WHEN $9::int > 0 AND t.attempts >= $9::int THEN t.token ELSE EXCLUDED.token END,
-    locked_until = CASE WHEN $9::int > 0 AND t.attempts >= $9::int THEN NULL ELSE EXCLUDED.locked_until END,
-    fingerprint  = COALESCE(t.fingerprint, EXCLUDED.fingerprint),
-    updated_at   = EXCLUDED.updated_at,
-    expires_at   = EXCLUDED.expires_at
-WHERE t.state = 'in_flight'
-  AND t.locked_until <= EXCLUDED.updated_at
-  AND (t.fingerprint IS NULL OR EXCLUDED.fingerprint IS NULL OR t.fingerprint = EXCLUDED.fingerprint)
+` + sqlTakeover + `
 RETURNING t.scope, t.key, t.state, t.attempts`
 
 // sqlLookup reads one row. $1 scope, $2 key.
