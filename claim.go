@@ -141,8 +141,8 @@ func classify(key Key, rec *Record) *Claim {
 // once tx commits. It is refused with ErrLeaseLost when the claim is not
 // this transaction's.
 func (i *Inbox) StoreResultTx(ctx context.Context, tx Querier, c *Claim, r Result) error {
-	if c == nil || c.Outcome != OutcomeClaimed {
-		return fmt.Errorf("%w: StoreResultTx needs a claim with outcome claimed", ErrLeaseLost)
+	if err := mustHold(c, "StoreResultTx"); err != nil {
+		return err
 	}
 	headers, err := headersJSON(r.Headers)
 	if err != nil {
@@ -153,7 +153,7 @@ func (i *Inbox) StoreResultTx(ctx context.Context, tx Querier, c *Claim, r Resul
 		return translate(err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: %s (token %d)", ErrLeaseLost, c.Key, c.Token)
+		return leaseLost(c)
 	}
 	return nil
 }

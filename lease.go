@@ -38,8 +38,8 @@ func (i *Inbox) Complete(ctx context.Context, c *Claim, result Result) error {
 // CompleteTx is Complete inside the caller's transaction (or any Querier), so
 // that the work's database writes and the stored result commit together.
 func (i *Inbox) CompleteTx(ctx context.Context, q Querier, c *Claim, result Result) error {
-	if c == nil || c.Outcome != OutcomeClaimed {
-		return fmt.Errorf("%w: Complete needs a claim with outcome claimed", ErrLeaseLost)
+	if err := mustHold(c, "Complete"); err != nil {
+		return err
 	}
 	headers, err := headersJSON(result.Headers)
 	if err != nil {
@@ -52,7 +52,7 @@ func (i *Inbox) CompleteTx(ctx context.Context, q Querier, c *Claim, result Resu
 		return translate(err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: %s (token %d)", ErrLeaseLost, c.Key, c.Token)
+		return leaseLost(c)
 	}
 	return nil
 }
@@ -63,8 +63,8 @@ func (i *Inbox) CompleteTx(ctx context.Context, q Querier, c *Claim, result Resu
 // marked failed and Fail reports poisoned. It is refused with ErrLeaseLost
 // when the claim's token is no longer current.
 func (i *Inbox) Fail(ctx context.Context, c *Claim, cause error) (poisoned bool, err error) {
-	if c == nil || c.Outcome != OutcomeClaimed {
-		return false, fmt.Errorf("%w: Fail needs a claim with outcome claimed", ErrLeaseLost)
+	if err := mustHold(c, "Fail"); err != nil {
+		return false, err
 	}
 	msg := ""
 	if cause != nil {
@@ -75,7 +75,7 @@ func (i *Inbox) Fail(ctx context.Context, c *Claim, cause error) (poisoned bool,
 		i.cfg.maxAttemptsParam(), IsPermanent(cause), msg).Scan(&state)
 	if err != nil {
 		if isNoRows(err) {
-			return false, fmt.Errorf("%w: %s (token %d)", ErrLeaseLost, c.Key, c.Token)
+			return false, leaseLost(c)
 		}
 		return false, translate(err)
 	}
@@ -86,8 +86,8 @@ func (i *Inbox) Fail(ctx context.Context, c *Claim, cause error) (poisoned bool,
 // d is 0), for work that runs longer than one lease. It is refused with
 // ErrLeaseLost when the claim's token is no longer current.
 func (i *Inbox) Extend(ctx context.Context, c *Claim, d time.Duration) error {
-	if c == nil || c.Outcome != OutcomeClaimed {
-		return fmt.Errorf("%w: Extend needs a claim with outcome claimed", ErrLeaseLost)
+	if err := mustHold(c, "Extend"); err != nil {
+		return err
 	}
 	if d <= 0 {
 		d = i.cfg.Lease
@@ -99,7 +99,7 @@ func (i *Inbox) Extend(ctx context.Context, c *Claim, d time.Duration) error {
 		return translate(err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: %s (token %d)", ErrLeaseLost, c.Key, c.Token)
+		return leaseLost(c)
 	}
 	c.LockedUntil = until
 	return nil
@@ -121,6 +121,19 @@ func (i *Inbox) Release(ctx context.Context, key Key) error {
 		return ErrNotFound
 	}
 	return nil
+}
+
+// mustHold refuses op on a claim this attempt does not hold.
+func mustHold(c *Claim, op string) error {
+	if c == nil || c.Outcome != OutcomeClaimed {
+		return fmt.Errorf("%w: %s needs a claim with outcome claimed", ErrLeaseLost, op)
+	}
+	return nil
+}
+
+// leaseLost is the refusal of a fenced write whose token is not current.
+func leaseLost(c *Claim) error {
+	return fmt.Errorf("%w: %s (token %d)", ErrLeaseLost, c.Key, c.Token)
 }
 
 func isNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) }
