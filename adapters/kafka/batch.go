@@ -1,7 +1,6 @@
 package dedupekafka
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -94,25 +93,15 @@ func (r *Runner) batchTx(ctx context.Context, msgs []kafka.Message, keys []dedup
 	}
 	var handled, dups int64
 	var giveUp, fresh []int
-	first := make(map[string]int, len(keys))
 	for n, c := range claims {
-		if _, ok := first[keys[n].ID]; !ok {
-			first[keys[n].ID] = n
-		}
 		switch c.Outcome {
 		case dedupe.OutcomeClaimed:
 			fresh = append(fresh, n)
 		case dedupe.OutcomeDuplicate:
-			// ClaimBatch reports a key repeated within the batch as a
-			// duplicate without comparing fingerprints; compare them here.
-			if f := first[keys[n].ID]; f != n && len(keys[f].Fingerprint) > 0 && len(keys[n].Fingerprint) > 0 &&
-				!bytes.Equal(keys[f].Fingerprint, keys[n].Fingerprint) {
-				c.Outcome = dedupe.OutcomeConflict
-				giveUp = append(giveUp, n)
-				continue
-			}
 			dups++
 		case dedupe.OutcomePoisoned, dedupe.OutcomeConflict:
+			// ClaimBatch also reports a key repeated within the batch with
+			// another fingerprint as a conflict.
 			giveUp = append(giveUp, n)
 		default:
 			return -1, nil, errBatchInFlight
