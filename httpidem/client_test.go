@@ -62,10 +62,13 @@ func (l *attemptLog) check(t *testing.T, wantAttempts int, wantKey bool) {
 	}
 }
 
-// newServer serves h on loopback and returns a retrying client for it.
-func newServer(t *testing.T, h http.Handler, cfg httpidem.TransportConfig) (*httptest.Server, *http.Client) {
+// serveAttempts serves answer on loopback, logging every attempt first (n
+// counts them from 1), and returns the log, the server's URL and a retrying
+// client for it with short backoffs.
+func serveAttempts(t *testing.T, cfg httpidem.TransportConfig, answer func(n int, w http.ResponseWriter, r *http.Request)) (*attemptLog, string, *http.Client) {
 	t.Helper()
-	srv := httptest.NewServer(h)
+	log := &attemptLog{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { answer(log.record(r), w, r) }))
 	base := &http.Transport{}
 	t.Cleanup(func() {
 		base.CloseIdleConnections()
@@ -82,7 +85,7 @@ func newServer(t *testing.T, h http.Handler, cfg httpidem.TransportConfig) (*htt
 	if err != nil {
 		t.Fatal(err)
 	}
-	return srv, c
+	return log, srv.URL, c
 }
 
 // hangUp closes the connection without an answer.
@@ -98,10 +101,9 @@ func hangUp(t *testing.T, w http.ResponseWriter) {
 func TestClientKeepsKeyWhenCommittedResponseIsDropped(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	var log attemptLog
 	var committed reply
-	srv, c := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if log.record(r) == 1 {
+	log, url, c := serveAttempts(t, httpidem.TransportConfig{MaxAttempts: 3}, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
 			// Run the request to completion (the order and its stored
 			// response commit), then lose the answer.
 			rec := httptest.NewRecorder()
@@ -111,10 +113,10 @@ func TestClientKeepsKeyWhenCommittedResponseIsDropped(t *testing.T) {
 			return
 		}
 		b.handler.ServeHTTP(w, r)
-	}), httpidem.TransportConfig{MaxAttempts: 3})
+	})
 
 	var out struct{ ID int64 }
-	rp, err := httpidem.PostJSON(context.Background(), c, srv.URL+"/orders", cart, &out, httpidem.WithHeader("X-Tenant-ID", "acme"))
+	rp, err := httpidem.PostJSON(context.Background(), c, url+"/orders", cart, &out, httpidem.WithHeader("X-Tenant-ID", "acme"))
 	if err != nil {
 		t.Fatalf("PostJSON: %v", err)
 	}
@@ -136,12 +138,10 @@ func TestClientKeepsKeyWhenCommittedResponseIsDropped(t *testing.T) {
 func TestClientRetriesRetryableStatuses(t *testing.T) {
 	t.Parallel()
 	statuses := []int{503, 429, 409, 500, 201}
-	var log attemptLog
-	srv, c := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n := log.record(r)
+	log, url, c := serveAttempts(t, httpidem.TransportConfig{MaxAttempts: len(statuses)}, func(n int, w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(statuses[n-1])
-	}), httpidem.TransportConfig{MaxAttempts: len(statuses)})
-	rp, err := httpidem.PostJSON(context.Background(), c, srv.URL, map[string]int{"n": 1}, nil)
+	})
+	rp, err := httpidem.PostJSON(context.Background(), c, url, map[string]int{"n": 1}, nil)
 	if err != nil || rp.Status != 201 {
 		t.Fatalf("PostJSON = %+v, %v; want 201", rp, err)
 	}
@@ -153,12 +153,10 @@ func TestClientNeverRetriesOtherClientErrors(t *testing.T) {
 	for _, status := range []int{400, 401, 404, 412, 422} {
 		t.Run(strconv.Itoa(status), func(t *testing.T) {
 			t.Parallel()
-			var log attemptLog
-			srv, c := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				log.record(r)
+			log, url, c := serveAttempts(t, httpidem.TransportConfig{}, func(_ int, w http.ResponseWriter, r *http.Request) {
 				http.Error(w, "no", status)
-			}), httpidem.TransportConfig{})
-			_, err := httpidem.PostJSON(context.Background(), c, srv.URL, cart, nil)
+			})
+			_, err := httpidem.PostJSON(context.Background(), c, url, cart, nil)
 			var se *httpidem.StatusError
 			if !errors.As(err, &se) || se.Status != status {
 				t.Fatalf("PostJSON error = %v, want a StatusError %d", err, status)
@@ -170,13 +168,11 @@ func TestClientNeverRetriesOtherClientErrors(t *testing.T) {
 
 func TestClientDoesNotRetryReplayedAnswer(t *testing.T) {
 	t.Parallel()
-	var log attemptLog
-	srv, c := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		log.record(r)
+	log, url, c := serveAttempts(t, httpidem.TransportConfig{}, func(_ int, w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Idempotent-Replayed", "true")
 		w.WriteHeader(http.StatusInternalServerError)
-	}), httpidem.TransportConfig{})
-	rp, err := httpidem.PostJSON(context.Background(), c, srv.URL, cart, nil)
+	})
+	rp, err := httpidem.PostJSON(context.Background(), c, url, cart, nil)
 	if err == nil || rp == nil || rp.Status != 500 || !rp.Replayed {
 		t.Fatalf("PostJSON = %+v, %v; want the replayed 500", rp, err)
 	}
@@ -185,17 +181,16 @@ func TestClientDoesNotRetryReplayedAnswer(t *testing.T) {
 
 func TestClientHonoursRetryAfter(t *testing.T) {
 	t.Parallel()
-	var log attemptLog
-	srv, c := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if log.record(r) == 1 {
+	log, url, c := serveAttempts(t, httpidem.TransportConfig{}, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
 			w.Header().Set("Retry-After", "1")
 			w.WriteHeader(http.StatusTooManyRequests)
 			return
 		}
 		w.WriteHeader(http.StatusCreated)
-	}), httpidem.TransportConfig{})
+	})
 	start := time.Now()
-	rp, err := httpidem.PostJSON(context.Background(), c, srv.URL, cart, nil)
+	rp, err := httpidem.PostJSON(context.Background(), c, url, cart, nil)
 	if err != nil || rp.Status != 201 {
 		t.Fatalf("PostJSON = %+v, %v", rp, err)
 	}
@@ -207,14 +202,12 @@ func TestClientHonoursRetryAfter(t *testing.T) {
 
 func TestClientReturnsAnswerWhenRetryAfterIsTooLong(t *testing.T) {
 	t.Parallel()
-	var log attemptLog
-	srv, c := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		log.record(r)
+	log, url, c := serveAttempts(t, httpidem.TransportConfig{MaxRetryAfter: time.Minute}, func(_ int, w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "3600")
 		w.WriteHeader(http.StatusServiceUnavailable)
-	}), httpidem.TransportConfig{MaxRetryAfter: time.Minute})
+	})
 	start := time.Now()
-	rp, err := httpidem.PostJSON(context.Background(), c, srv.URL, cart, nil)
+	rp, err := httpidem.PostJSON(context.Background(), c, url, cart, nil)
 	if rp == nil || rp.Status != 503 || err == nil || time.Since(start) > 5*time.Second {
 		t.Fatalf("PostJSON = %+v, %v after %v; want the 503 at once", rp, err, time.Since(start))
 	}
@@ -223,12 +216,10 @@ func TestClientReturnsAnswerWhenRetryAfterIsTooLong(t *testing.T) {
 
 func TestClientGivesUpWithLastError(t *testing.T) {
 	t.Parallel()
-	var log attemptLog
-	srv, c := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		log.record(r)
+	log, url, c := serveAttempts(t, httpidem.TransportConfig{MaxAttempts: 3}, func(_ int, w http.ResponseWriter, r *http.Request) {
 		hangUp(t, w)
-	}), httpidem.TransportConfig{MaxAttempts: 3})
-	_, err := httpidem.PostJSON(context.Background(), c, srv.URL, cart, nil)
+	})
+	_, err := httpidem.PostJSON(context.Background(), c, url, cart, nil)
 	var gu *httpidem.GiveUpError
 	if !errors.Is(err, httpidem.ErrGaveUp) || !errors.As(err, &gu) || gu.Attempts != 3 || gu.Err == nil {
 		t.Fatalf("error = %v, want a GiveUpError after 3 attempts", err)
@@ -241,12 +232,10 @@ func TestClientGivesUpWithLastError(t *testing.T) {
 
 func TestClientGivesUpOnPersistentStatus(t *testing.T) {
 	t.Parallel()
-	var log attemptLog
-	srv, c := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		log.record(r)
+	log, url, c := serveAttempts(t, httpidem.TransportConfig{MaxAttempts: 4}, func(_ int, w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusBadGateway)
-	}), httpidem.TransportConfig{MaxAttempts: 4})
-	rp, err := httpidem.PostJSON(context.Background(), c, srv.URL, cart, nil)
+	})
+	rp, err := httpidem.PostJSON(context.Background(), c, url, cart, nil)
 	var se *httpidem.StatusError
 	if !errors.As(err, &se) || se.Status != 502 || rp.Status != 502 {
 		t.Fatalf("PostJSON = %+v, %v; want the last 502", rp, err)
@@ -256,9 +245,8 @@ func TestClientGivesUpOnPersistentStatus(t *testing.T) {
 
 func TestClientRetriesAttemptTimeout(t *testing.T) {
 	t.Parallel()
-	var log attemptLog
-	srv, c := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if log.record(r) == 1 {
+	log, url, c := serveAttempts(t, httpidem.TransportConfig{AttemptTimeout: 200 * time.Millisecond}, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
 			select { // hang until the client times the attempt out
 			case <-r.Context().Done():
 			case <-time.After(10 * time.Second):
@@ -266,8 +254,8 @@ func TestClientRetriesAttemptTimeout(t *testing.T) {
 			return
 		}
 		w.WriteHeader(http.StatusCreated)
-	}), httpidem.TransportConfig{AttemptTimeout: 200 * time.Millisecond})
-	rp, err := httpidem.PostJSON(context.Background(), c, srv.URL, cart, nil)
+	})
+	rp, err := httpidem.PostJSON(context.Background(), c, url, cart, nil)
 	if err != nil || rp.Status != 201 {
 		t.Fatalf("PostJSON = %+v, %v; want 201 from the second attempt", rp, err)
 	}
@@ -276,15 +264,14 @@ func TestClientRetriesAttemptTimeout(t *testing.T) {
 
 func TestClientIdempotentMethodsRetryWithoutKey(t *testing.T) {
 	t.Parallel()
-	var log attemptLog
-	srv, c := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if log.record(r) < 3 {
+	log, url, c := serveAttempts(t, httpidem.TransportConfig{}, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n < 3 {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			return
 		}
 		w.WriteHeader(http.StatusOK)
-	}), httpidem.TransportConfig{})
-	req, _ := http.NewRequest(http.MethodPut, srv.URL, strings.NewReader(`{"a":1}`))
+	})
+	req, _ := http.NewRequest(http.MethodPut, url, strings.NewReader(`{"a":1}`))
 	resp, err := c.Do(req)
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("PUT = %v, %v", resp, err)
@@ -295,16 +282,14 @@ func TestClientIdempotentMethodsRetryWithoutKey(t *testing.T) {
 
 func TestClientStopsWhenContextEnds(t *testing.T) {
 	t.Parallel()
-	var log attemptLog
-	srv, c := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		log.record(r)
+	log, url, c := serveAttempts(t, httpidem.TransportConfig{}, func(_ int, w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "30")
 		w.WriteHeader(http.StatusServiceUnavailable)
-	}), httpidem.TransportConfig{})
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err := httpidem.PostJSON(ctx, c, srv.URL, cart, nil)
+	_, err := httpidem.PostJSON(ctx, c, url, cart, nil)
 	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
 		t.Fatalf("error = %v after %v, want the context's deadline promptly", err, time.Since(start))
 	}
@@ -340,10 +325,8 @@ func TestTransportConfigValidation(t *testing.T) {
 func TestClientRetriesInFlightUntilReplay(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	var log attemptLog
 	served := make(chan int, 16)
-	srv, c := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		log.record(r)
+	log, url, c := serveAttempts(t, httpidem.TransportConfig{MaxAttempts: 10}, func(_ int, w http.ResponseWriter, r *http.Request) {
 		rec := httptest.NewRecorder()
 		b.handler.ServeHTTP(rec, r)
 		for k, v := range rec.Header() {
@@ -352,7 +335,7 @@ func TestClientRetriesInFlightUntilReplay(t *testing.T) {
 		w.WriteHeader(rec.Code)
 		_, _ = w.Write(rec.Body.Bytes())
 		served <- rec.Code
-	}), httpidem.TransportConfig{MaxAttempts: 10})
+	})
 	held := cart
 	held.Block = true
 	var first reply
@@ -371,7 +354,7 @@ func TestClientRetriesInFlightUntilReplay(t *testing.T) {
 	got := make(chan result, 1)
 	go func() {
 		var out struct{ ID int64 }
-		rp, err := httpidem.PostJSON(context.Background(), c, srv.URL+"/orders", held, &out,
+		rp, err := httpidem.PostJSON(context.Background(), c, url+"/orders", held, &out,
 			httpidem.WithHeader("X-Tenant-ID", "acme"), httpidem.WithKey("key-held"))
 		got <- result{rp, out.ID, err}
 	}()
