@@ -195,12 +195,8 @@ func (c *Consumer[M]) attempt(ctx context.Context, key Key, msg M) (Outcome, err
 		return c.failed(ctx, claim, herr)
 	}
 	if p := claim.pending; p != nil {
-		headers, err := headersJSON(p.Headers)
-		if err != nil {
-			return 0, fmt.Errorf("dedupe: encode result headers: %w", err)
-		}
-		if _, err := tx.Exec(ctx, c.inbox.q.storeResult, key.Scope, key.ID, p.Status, headers, p.Body, claim.Token); err != nil {
-			return 0, translate(err)
+		if err := c.inbox.StoreResultTx(ctx, tx, claim, *p); err != nil {
+			return 0, err
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
