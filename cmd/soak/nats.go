@@ -39,14 +39,9 @@ func runNATS(ctx context.Context, e *env, inputs []string) error {
 	}
 	defer embedded.Close()
 	js := embedded.JS
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: natsStream, Subjects: []string{natsSubject}}); err != nil {
-		return fmt.Errorf("create stream: %w", err)
-	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, natsStream, jetstream.ConsumerConfig{
-		Durable: natsDurable, AckPolicy: jetstream.AckExplicitPolicy, AckWait: natsAckWait, MaxDeliver: -1,
-	})
+	cons, err := createDurable(ctx, js, natsStream, natsSubject, natsDurable)
 	if err != nil {
-		return fmt.Errorf("create consumer: %w", err)
+		return err
 	}
 	o := e.soak.opts
 	pool, err := e.consumerPool(ctx, int32(o.workers)*2+1)
@@ -62,19 +57,7 @@ func runNATS(ctx context.Context, e *env, inputs []string) error {
 	return runExternal(ctx, e, external{
 		consumers: 2,
 		consume: func(ctx context.Context, _ int) error {
-			cfg := natsConfig(e.scope, o.workers)
-			// Every delivery after the first is a broker redelivery: after a
-			// nak, a stopped runner, or a killed worker's expired AckWait.
-			cfg.Metrics = dedupenats.MetricsFunc(func(_ context.Context, ev dedupenats.Event) {
-				if ev.Delivery > 1 {
-					e.faults.add(faultRedeliver)
-				}
-			})
-			r, err := dedupenats.New(inbox, cons, handler, cfg)
-			if err != nil {
-				return err
-			}
-			return r.Run(ctx)
+			return runNATSRunner(ctx, e, inbox, cons, handler, o.workers)
 		},
 		childArgs: []string{"-nats-url", embedded.URL()},
 		feed: func(ctx context.Context) error {
@@ -107,6 +90,52 @@ func runNATS(ctx context.Context, e *env, inputs []string) error {
 	})
 }
 
+// createDurable creates a stream over subject and its durable consumer, with
+// a short AckWait and no redelivery limit.
+func createDurable(ctx context.Context, js jetstream.JetStream, stream, subject, durable string) (jetstream.Consumer, error) {
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject}}); err != nil {
+		return nil, fmt.Errorf("create stream: %w", err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
+		Durable: durable, AckPolicy: jetstream.AckExplicitPolicy, AckWait: natsAckWait, MaxDeliver: -1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create consumer: %w", err)
+	}
+	return cons, nil
+}
+
+// runNATSRunner runs one in-process dedupenats.Runner on cons until ctx
+// ends, counting every delivery after the first as a broker redelivery
+// (after a nak, a stopped runner, or a killed worker's expired AckWait).
+func runNATSRunner(ctx context.Context, e *env, inbox *dedupe.Inbox, cons jetstream.Consumer, h dedupe.HandlerFunc[jetstream.Msg], workers int) error {
+	cfg := natsConfig(e.scope, workers)
+	cfg.Metrics = dedupenats.MetricsFunc(func(_ context.Context, ev dedupenats.Event) {
+		if ev.Delivery > 1 {
+			e.faults.add(faultRedeliver)
+		}
+	})
+	r, err := dedupenats.New(inbox, cons, h, cfg)
+	if err != nil {
+		return err
+	}
+	return r.Run(ctx)
+}
+
+// connectJS connects a worker subprocess to the soak's nats-server.
+func connectJS(url string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
 // natsConfig is the runners' configuration: the business key from the
 // Order-Id header, short delays.
 func natsConfig(scope string, workers int) *dedupenats.Config {
@@ -124,15 +153,11 @@ func natsConfig(scope string, workers int) *dedupenats.Config {
 
 // natsChild is the NATS worker subprocess: one runner on the soak's durable.
 func natsChild(ctx context.Context, e *env, fl *childFlags, say func(verb, arg string)) error {
-	nc, err := nats.Connect(fl.natsURL)
+	nc, js, err := connectJS(fl.natsURL)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	cons, err := js.Consumer(ctx, natsStream, natsDurable)
 	if err != nil {
 		return err

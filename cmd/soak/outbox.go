@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/exactlyonce/dedupe"
@@ -36,14 +34,9 @@ func runOutbox(ctx context.Context, e *env, inputs []string) error {
 	}
 	defer embedded.Close()
 	js := embedded.JS
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: outboxStream, Subjects: []string{outboxSubject}}); err != nil {
-		return fmt.Errorf("create stream: %w", err)
-	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, outboxStream, jetstream.ConsumerConfig{
-		Durable: outboxDurable, AckPolicy: jetstream.AckExplicitPolicy, AckWait: natsAckWait, MaxDeliver: -1,
-	})
+	cons, err := createDurable(ctx, js, outboxStream, outboxSubject, outboxDurable)
 	if err != nil {
-		return fmt.Errorf("create consumer: %w", err)
+		return err
 	}
 	o := e.soak.opts
 	pool, err := e.consumerPool(ctx, int32(o.workers)+6)
@@ -70,7 +63,7 @@ func runOutbox(ctx context.Context, e *env, inputs []string) error {
 			if n < 2 {
 				return runRelay(ctx, e, ob, pub)
 			}
-			return runOutboxConsumer(ctx, e, inbox, cons, handler, o.workers)
+			return runNATSRunner(ctx, e, inbox, cons, handler, o.workers)
 		},
 		childArgs: []string{"-nats-url", embedded.URL()},
 		feed: func(ctx context.Context) error {
@@ -123,20 +116,6 @@ func runRelay(ctx context.Context, e *env, ob *dedupe.Outbox, pub dedupe.Publish
 	return relay.Run(ctx)
 }
 
-func runOutboxConsumer(ctx context.Context, e *env, inbox *dedupe.Inbox, cons jetstream.Consumer, h dedupe.HandlerFunc[jetstream.Msg], workers int) error {
-	cfg := natsConfig(e.scope, workers)
-	cfg.Metrics = dedupenats.MetricsFunc(func(_ context.Context, ev dedupenats.Event) {
-		if ev.Delivery > 1 {
-			e.faults.add(faultRedeliver)
-		}
-	})
-	r, err := dedupenats.New(inbox, cons, h, cfg)
-	if err != nil {
-		return err
-	}
-	return r.Run(ctx)
-}
-
 // killablePublisher reports "tx" after each publish, while the relay's
 // claim transaction is still open and the batch not yet recorded.
 type killablePublisher struct {
@@ -155,15 +134,11 @@ func (p killablePublisher) Publish(ctx context.Context, msgs []*dedupe.OutboxMes
 
 // outboxChild is the relay subprocess of the outbox transport.
 func outboxChild(ctx context.Context, e *env, fl *childFlags, say func(verb, arg string)) error {
-	nc, err := nats.Connect(fl.natsURL)
+	nc, js, err := connectJS(fl.natsURL)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	pool, err := e.consumerPool(ctx, 3)
 	if err != nil {
 		return err
