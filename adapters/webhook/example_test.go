@@ -3,7 +3,6 @@ package webhook_test
 import (
 	"context"
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -12,7 +11,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -25,35 +23,11 @@ import (
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 )
 
-// exampleInbox connects to the test server (DATABASE_URL, else
-// 127.0.0.1:5432) in a fresh schema with an events table, and returns a
-// migrated inbox on it and the cleanup that drops the schema.
+// exampleInbox returns a migrated inbox in a fresh schema with an events
+// table (see dbtest.ForExample), and the cleanup that drops the schema.
 func exampleInbox() (*dedupe.Inbox, *pgxpool.Pool, func()) {
 	ctx := context.Background()
-	base := os.Getenv("DATABASE_URL")
-	if base == "" {
-		base = dbtest.LocalURL
-	}
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	schema := "ex_" + hex.EncodeToString(b[:])
-	admin, err := pgx.Connect(ctx, base)
-	if err != nil {
-		panic(err)
-	}
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		panic(err)
-	}
-	u, _ := dbtest.WithSearchPath(base, schema)
-	cfg, err := pgxpool.ParseConfig(u)
-	if err != nil {
-		panic(err)
-	}
-	cfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		panic(err)
-	}
+	pool, cleanup := dbtest.ForExample()
 	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
 		panic(err)
 	}
@@ -64,11 +38,7 @@ func exampleInbox() (*dedupe.Inbox, *pgxpool.Pool, func()) {
 	if err != nil {
 		panic(err)
 	}
-	return inbox, pool, func() {
-		pool.Close()
-		_, _ = admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-		admin.Close(ctx)
-	}
+	return inbox, pool, cleanup
 }
 
 // deliver posts body with header to h as a provider would.
