@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -136,17 +137,6 @@ func (s *service) inject(ctx context.Context, tx pgx.Tx, f *faults, step, order 
 	return nil
 }
 
-// runner starts a dedupenats runner until stop or the end of the test.
-func runner(t *testing.T, r *dedupenats.Runner) (stop func()) {
-	t.Helper()
-	return dbtest.Background(t, "runner", r.Run)
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	dbtest.WaitFor(t, d, what, cond)
-}
-
 // TestChainExactlyOnceUnderFaults drives orders through A → outbox → relay →
 // JetStream → B with a fault at every step and checks that B's effects are
 // exactly the unique orders.
@@ -242,15 +232,7 @@ func TestChainExactlyOnceUnderFaults(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- relay.Run(rctx) }()
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("relay: %v", err)
-			}
-		})
+		dbtest.Background(t, "relay", relay.Run)
 	}
 
 	// Service B: consumes the follow-ups, deduplicating by Nats-Msg-Id (the
@@ -271,7 +253,7 @@ func TestChainExactlyOnceUnderFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runner(t, rb)
+	dbtest.Background(t, "B", rb.Run)
 
 	// The input: unique orders, some published twice on the wire (fresh
 	// Nats-Msg-Id each time, so JetStream does not drop them).
@@ -294,19 +276,19 @@ func TestChainExactlyOnceUnderFaults(t *testing.T) {
 
 	// A runs, is stopped halfway (in-flight work rolls back and is
 	// redelivered), and a new A process takes over.
-	stopA := runner(t, newA())
-	waitFor(t, 20*time.Second, "A halfway", func() bool {
+	stopA := dbtest.Background(t, "A", newA().Run)
+	dbtest.WaitFor(t, 20*time.Second, "A halfway", func() bool {
 		return a.db.Count(t, `SELECT count(*) FROM effects`) >= orders/2
 	})
 	stopA()
-	runner(t, newA())
+	dbtest.Background(t, "A after the restart", newA().Run)
 
-	waitFor(t, 40*time.Second, "B's effects for every order", func() bool {
+	dbtest.WaitFor(t, 40*time.Second, "B's effects for every order", func() bool {
 		return b.db.Count(t, `SELECT count(DISTINCT order_id) FROM effects`) >= orders
 	})
 	// Let late redeliveries (dropped acks, relay re-sends) arrive; they
 	// must change nothing.
-	waitFor(t, 20*time.Second, "both consumers drained", func() bool {
+	dbtest.WaitFor(t, 20*time.Second, "both consumers drained", func() bool {
 		for _, c := range []struct{ stream, durable string }{{"IN", "svc-a"}, {"OUT", "svc-b"}} {
 			ci, err := js.Consumer(ctx, c.stream, c.durable)
 			if err != nil {
@@ -348,8 +330,7 @@ func TestChainExactlyOnceUnderFaults(t *testing.T) {
 		for _, kind := range []string{"error", "panic", "kill", "drop"} {
 			found := false
 			f.fired.Range(func(k, _ any) bool {
-				s := k.(string)
-				found = found || len(s) > len(step+"/"+kind+"/") && s[:len(step+"/"+kind+"/")] == step+"/"+kind+"/"
+				found = strings.HasPrefix(k.(string), step+"/"+kind+"/")
 				return !found
 			})
 			if !found {
