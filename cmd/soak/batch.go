@@ -19,15 +19,11 @@ const batchSize = 64
 // rolls the whole batch back and every delivery of it is redelivered.
 func runBatch(ctx context.Context, e *env, inputs []string) error {
 	o := e.soak.opts
-	pool, err := e.consumerPool(ctx, int32(o.workers)+1)
+	pool, inbox, err := e.consumerInbox(ctx, int32(o.workers)+1)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	inbox, err := dedupe.New(pool, soakConfig(e))
-	if err != nil {
-		return err
-	}
 	b := newBroker(inputs, e.faults, o.redelivery)
 	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup

@@ -39,15 +39,11 @@ func runKafka(batch int) func(ctx context.Context, e *env, inputs []string) erro
 		}
 		defer cluster.Close()
 		brokers := cluster.ListenAddrs()
-		pool, err := e.consumerPool(ctx, int32(kafkaPartitions)*2+1)
+		pool, inbox, err := e.consumerInbox(ctx, int32(kafkaPartitions)*2+1)
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
-		inbox, err := dedupe.New(pool, soakConfig(e))
-		if err != nil {
-			return err
-		}
 		var (
 			seenMu sync.Mutex
 			seen   = map[[2]int64]bool{}
@@ -149,15 +145,11 @@ func runKafkaMember(ctx context.Context, inbox *dedupe.Inbox, brokers []string, 
 
 // kafkaChild is the Kafka worker subprocess: one more member of the group.
 func kafkaChild(ctx context.Context, e *env, fl *childFlags, say func(verb, arg string)) error {
-	pool, err := e.consumerPool(ctx, kafkaPartitions+1)
+	pool, inbox, err := e.consumerInbox(ctx, kafkaPartitions+1)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	inbox, err := dedupe.New(pool, soakConfig(e))
-	if err != nil {
-		return err
-	}
 	return runKafkaMember(ctx, inbox, strings.Split(fl.kafkaBrokers, ","), e.scope, fl.kafkaBatch,
 		func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
 			id := dedupe.ClaimFromContext(ctx).Key.ID

@@ -44,15 +44,11 @@ func runNATS(ctx context.Context, e *env, inputs []string) error {
 		return err
 	}
 	o := e.soak.opts
-	pool, err := e.consumerPool(ctx, int32(o.workers)*2+1)
+	pool, inbox, err := e.consumerInbox(ctx, int32(o.workers)*2+1)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	inbox, err := dedupe.New(pool, soakConfig(e))
-	if err != nil {
-		return err
-	}
 	handler := faultyHandler[jetstream.Msg](e, nil)
 	return runExternal(ctx, e, external{
 		consumers: 2,
@@ -162,15 +158,11 @@ func natsChild(ctx context.Context, e *env, fl *childFlags, say func(verb, arg s
 	if err != nil {
 		return err
 	}
-	pool, err := e.consumerPool(ctx, 3)
+	pool, inbox, err := e.consumerInbox(ctx, 3)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	inbox, err := dedupe.New(pool, soakConfig(e))
-	if err != nil {
-		return err
-	}
 	r, err := dedupenats.New(inbox, cons, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		id := dedupe.ClaimFromContext(ctx).Key.ID
 		if err := effect(ctx, tx, e.name, id); err != nil {

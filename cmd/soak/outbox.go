@@ -39,15 +39,11 @@ func runOutbox(ctx context.Context, e *env, inputs []string) error {
 		return err
 	}
 	o := e.soak.opts
-	pool, err := e.consumerPool(ctx, int32(o.workers)+6)
+	pool, inbox, err := e.consumerInbox(ctx, int32(o.workers)+6)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	inbox, err := dedupe.New(pool, soakConfig(e))
-	if err != nil {
-		return err
-	}
 	ob, err := dedupe.NewOutbox(pool, &dedupe.Config{Logger: e.soak.libLog()})
 	if err != nil {
 		return err

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactlyonce/dedupe"
 )
 
 // transport is one way of delivering the inputs to a consumer.
@@ -88,6 +90,20 @@ type env struct {
 // consumerPool connects the transport's consumers.
 func (e *env) consumerPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
 	return e.soak.pool(ctx, e.app, maxConns)
+}
+
+// consumerInbox connects the transport's consumers and builds their inbox.
+func (e *env) consumerInbox(ctx context.Context, maxConns int32) (*pgxpool.Pool, *dedupe.Inbox, error) {
+	pool, err := e.consumerPool(ctx, maxConns)
+	if err != nil {
+		return nil, nil, err
+	}
+	inbox, err := dedupe.New(pool, soakConfig(e))
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return pool, inbox, nil
 }
 
 // processor handles one delivery and says whether to acknowledge it. inTx,

@@ -220,15 +220,11 @@ func webhookRequest(ctx context.Context, addr, id string) (*http.Request, error)
 // webhookChild is the webhook receiver subprocess: it reports its address,
 // then serves until stopped.
 func webhookChild(ctx context.Context, e *env, fl *childFlags, say func(verb, arg string)) error {
-	pool, err := e.consumerPool(ctx, 4)
+	pool, inbox, err := e.consumerInbox(ctx, 4)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	inbox, err := dedupe.New(pool, soakConfig(e))
-	if err != nil {
-		return err
-	}
 	h, err := newWebhookHandler(inbox, e, func(ctx context.Context, tx pgx.Tx, ev webhook.Event) error {
 		if err := effect(ctx, tx, e.name, ev.ID); err != nil {
 			return err
