@@ -2,7 +2,6 @@ package dedupenats_test
 
 import (
 	"context"
-	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -146,35 +145,6 @@ func fastConfig(c *dedupenats.Counters) *dedupenats.Config {
 	}
 }
 
-// run starts r until the test ends (or the returned stop is called) and
-// checks that it stopped cleanly.
-func run(t *testing.T, r *dedupenats.Runner) (stop func() error) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	var stopped atomic.Bool
-	var result error
-	stop = func() error {
-		if stopped.Swap(true) {
-			return result
-		}
-		cancel()
-		select {
-		case result = <-done:
-		case <-time.After(20 * time.Second):
-			result = fmt.Errorf("runner did not stop within 20s")
-		}
-		return result
-	}
-	t.Cleanup(func() {
-		if err := stop(); err != nil {
-			t.Errorf("runner stopped with: %v", err)
-		}
-	})
-	return stop
-}
-
 func newRunner(t *testing.T, b *bundle, cons jetstream.Consumer, cfg *dedupenats.Config, h dedupe.HandlerFunc[jetstream.Msg]) *dedupenats.Runner {
 	t.Helper()
 	if h == nil {
@@ -185,10 +155,4 @@ func newRunner(t *testing.T, b *bundle, cons jetstream.Consumer, cfg *dedupenats
 		t.Fatalf("new runner: %v", err)
 	}
 	return r
-}
-
-// waitFor polls cond until it holds or d passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	dbtest.WaitFor(t, d, what, cond)
 }

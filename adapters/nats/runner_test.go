@@ -18,6 +18,7 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
 )
 
 func TestSamePublishedThreeTimesDifferentMsgIDsOneEffect(t *testing.T) {
@@ -33,8 +34,8 @@ func TestSamePublishedThreeTimesDifferentMsgIDsOneEffect(t *testing.T) {
 	for range 3 {
 		b.publish(t, "order-42", "pay 19.00")
 	}
-	run(t, r)
-	waitFor(t, 10*time.Second, "three messages acked", func() bool {
+	dbtest.Background(t, "runner", r.Run)
+	dbtest.WaitFor(t, 10*time.Second, "three messages acked", func() bool {
 		return c.Processed.Load()+c.Duplicates.Load() == 3 && b.unacked(t) == 0
 	})
 	if n := b.effects(t); n != 1 {
@@ -66,8 +67,8 @@ func TestDefaultKeyAndScope(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	run(t, r)
-	waitFor(t, 10*time.Second, "three effects", func() bool { return b.effects(t) == 3 && b.unacked(t) == 0 })
+	dbtest.Background(t, "runner", r.Run)
+	dbtest.WaitFor(t, 10*time.Second, "three effects", func() bool { return b.effects(t) == 3 && b.unacked(t) == 0 })
 	rows, err := b.db.Pool.Query(ctx, "SELECT scope || '/' || key FROM dedupe_inbox ORDER BY key")
 	if err != nil {
 		t.Fatal(err)
@@ -112,9 +113,9 @@ func TestFailTwiceThenSucceedOneEffect(t *testing.T) {
 		}
 		return nil
 	})
-	run(t, r)
+	dbtest.Background(t, "runner", r.Run)
 	b.publish(t, "flaky", "x")
-	waitFor(t, 15*time.Second, "the third attempt to commit and ack", func() bool {
+	dbtest.WaitFor(t, 15*time.Second, "the third attempt to commit and ack", func() bool {
 		return c.Processed.Load() == 1 && b.unacked(t) == 0
 	})
 	if n := b.effects(t); n != 1 {
@@ -182,8 +183,8 @@ func TestStoppedBetweenCommitAndAckRedeliveredAsDuplicate(t *testing.T) {
 	// duplicate without running the handler.
 	_, cons2 := b.conn(t)
 	var c2 dedupenats.Counters
-	run(t, newRunner(t, b, cons2, fastConfig(&c2), handler))
-	waitFor(t, 10*time.Second, "the redelivery to be acked as a duplicate", func() bool {
+	dbtest.Background(t, "runner", newRunner(t, b, cons2, fastConfig(&c2), handler).Run)
+	dbtest.WaitFor(t, 10*time.Second, "the redelivery to be acked as a duplicate", func() bool {
 		return c2.Duplicates.Load() == 1 && b.unacked(t) == 0
 	})
 	if n := b.effects(t); n != 1 || runs.Load() != 1 || c2.Processed.Load() != 0 {
@@ -209,7 +210,7 @@ func TestThousandMessagesThirtyPercentDuplicatesFourWorkers(t *testing.T) {
 	var c dedupenats.Counters
 	cfg := fastConfig(&c)
 	cfg.Workers = 4
-	run(t, newRunner(t, b, b.cons, cfg, nil))
+	dbtest.Background(t, "runner", newRunner(t, b, b.cons, cfg, nil).Run)
 
 	// Publish asynchronously, as a busy producer would, while consuming.
 	for _, id := range ids {
@@ -226,7 +227,7 @@ func TestThousandMessagesThirtyPercentDuplicatesFourWorkers(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("publishes not acknowledged by the stream")
 	}
-	waitFor(t, 40*time.Second, "every message acked", func() bool {
+	dbtest.WaitFor(t, 40*time.Second, "every message acked", func() bool {
 		return c.Processed.Load()+c.Duplicates.Load() == total && b.unacked(t) == 0
 	})
 	if n := b.effects(t); n != len(unique) {
@@ -270,7 +271,7 @@ func TestPoisonAndPermanentTerminatedOthersFlow(t *testing.T) {
 		}
 		return insertEffect(ctx, tx, msg)
 	})
-	run(t, r)
+	dbtest.Background(t, "runner", r.Run)
 	b.publish(t, "poison", "\x00garbage")
 	b.publish(t, "permanent", "{}")
 	b.publish(t, "panics", "{}")
@@ -281,7 +282,7 @@ func TestPoisonAndPermanentTerminatedOthersFlow(t *testing.T) {
 	for n := range 20 {
 		b.publish(t, fmt.Sprintf("ok-%d", n), "fine")
 	}
-	waitFor(t, 20*time.Second, "20 effects and 4 terminations", func() bool {
+	dbtest.WaitFor(t, 20*time.Second, "20 effects and 4 terminations", func() bool {
 		return b.effects(t) == 20 && c.Terminated.Load() == 4 && b.unacked(t) == 0
 	})
 	time.Sleep(200 * time.Millisecond) // ten backoffs: a terminated message must not come back
@@ -307,7 +308,7 @@ func TestHeartbeatKeepsLongHandlerFromRedelivery(t *testing.T) {
 	cfg := fastConfig(&c)
 	cfg.Heartbeat = 200 * time.Millisecond
 	var runs atomic.Int64
-	run(t, newRunner(t, b, b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	r := newRunner(t, b, b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		runs.Add(1)
 		select { // two and a half AckWaits
 		case <-time.After(2500 * time.Millisecond):
@@ -315,9 +316,10 @@ func TestHeartbeatKeepsLongHandlerFromRedelivery(t *testing.T) {
 			return ctx.Err()
 		}
 		return insertEffect(ctx, tx, msg)
-	}))
+	})
+	dbtest.Background(t, "runner", r.Run)
 	b.publish(t, "slow", "x")
-	waitFor(t, 10*time.Second, "the slow message acked", func() bool {
+	dbtest.WaitFor(t, 10*time.Second, "the slow message acked", func() bool {
 		return c.Processed.Load() == 1 && b.unacked(t) == 0
 	})
 	ci, err := b.cons.Info(context.Background())
@@ -345,7 +347,7 @@ func TestShutdownNeverAcksUncommittedWork(t *testing.T) {
 		<-ctx.Done() // stuck until the drain timeout cancels it
 		return ctx.Err()
 	})
-	stop1 := run(t, r1)
+	stop1 := dbtest.Background(t, "runner", r1.Run)
 	for n := range 6 {
 		b.publish(t, fmt.Sprintf("o-%d", n), "x")
 	}
@@ -356,9 +358,7 @@ func TestShutdownNeverAcksUncommittedWork(t *testing.T) {
 			t.Fatal("handlers did not start")
 		}
 	}
-	if err := stop1(); err != nil {
-		t.Fatalf("stop: %v", err)
-	}
+	stop1()
 	if n := b.effects(t); n != 0 {
 		t.Fatalf("effects after shutdown = %d, want 0 (rolled back)", n)
 	}
@@ -376,8 +376,8 @@ func TestShutdownNeverAcksUncommittedWork(t *testing.T) {
 	// processes each exactly once.
 	var c2 dedupenats.Counters
 	start := time.Now()
-	run(t, newRunner(t, b, b.cons, fastConfig(&c2), nil))
-	waitFor(t, 10*time.Second, "six effects", func() bool { return b.effects(t) == 6 && b.unacked(t) == 0 })
+	dbtest.Background(t, "runner", newRunner(t, b, b.cons, fastConfig(&c2), nil).Run)
+	dbtest.WaitFor(t, 10*time.Second, "six effects", func() bool { return b.effects(t) == 6 && b.unacked(t) == 0 })
 	if c2.Processed.Load() != 6 {
 		t.Fatalf("processed by the second runner = %d, want 6", c2.Processed.Load())
 	}
@@ -396,16 +396,14 @@ func TestShutdownLetsInFlightWorkCommitWithinDrainTimeout(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 		return insertEffect(ctx, tx, msg)
 	})
-	stop := run(t, r)
+	stop := dbtest.Background(t, "runner", r.Run)
 	b.publish(t, "o-1", "x")
 	select {
 	case <-started:
 	case <-time.After(10 * time.Second):
 		t.Fatal("handler did not start")
 	}
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	stop()
 	if n := b.effects(t); n != 1 || c.Processed.Load() != 1 {
 		t.Fatalf("effects = %d, processed = %d; want 1 and 1", n, c.Processed.Load())
 	}
@@ -434,9 +432,9 @@ func TestDatabaseConnectionKilledMidHandlerRetriedOneEffect(t *testing.T) {
 		}
 		return nil
 	})
-	run(t, r)
+	dbtest.Background(t, "runner", r.Run)
 	b.publish(t, "o-1", "x")
-	waitFor(t, 15*time.Second, "the message processed after the kill", func() bool {
+	dbtest.WaitFor(t, 15*time.Second, "the message processed after the kill", func() bool {
 		return c.Processed.Load() == 1 && b.unacked(t) == 0
 	})
 	if n := b.effects(t); n != 1 || c.Retries.Load() < 1 {
@@ -489,14 +487,15 @@ func TestConcurrentDuplicateInFlightNakedWithDelay(t *testing.T) {
 			mu.Unlock()
 		}
 	}))
-	run(t, newRunner(t, b, b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	r := newRunner(t, b, b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		runs.Add(1)
 		time.Sleep(400 * time.Millisecond) // hold the claim's row lock
 		return insertEffect(ctx, tx, msg)
-	}))
+	})
+	dbtest.Background(t, "runner", r.Run)
 	b.publish(t, "order-1", "x")
 	b.publish(t, "order-1", "x")
-	waitFor(t, 10*time.Second, "both copies acked", func() bool {
+	dbtest.WaitFor(t, 10*time.Second, "both copies acked", func() bool {
 		return c.Processed.Load() == 1 && c.Duplicates.Load() == 1 && b.unacked(t) == 0
 	})
 	mu.Lock()
@@ -562,9 +561,9 @@ func TestMaxDeliverPoisonRecordedOnLastDelivery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, r)
+	dbtest.Background(t, "runner", r.Run)
 	b.publish(t, "doomed", "x")
-	waitFor(t, 10*time.Second, "the message terminated", func() bool { return c.Terminated.Load() == 1 })
+	dbtest.WaitFor(t, 10*time.Second, "the message terminated", func() bool { return c.Terminated.Load() == 1 })
 	if n := b.db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE key = 'doomed' AND state = 'failed' AND attempts = 3"); n != 1 {
 		t.Fatal("the poison key was not recorded as failed after MaxDeliver attempts")
 	}
