@@ -1,6 +1,7 @@
 package dedupenats_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -99,22 +100,6 @@ func (e *outboxEnv) streamMsgs(t *testing.T) []*jetstream.RawStreamMsg {
 		out = append(out, m)
 	}
 	return out
-}
-
-func outboxWaitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func outboxRun(t *testing.T, r *dedupe.Relay) {
-	t.Helper()
-	dbtest.Background(t, "relay", r.Run)
 }
 
 func TestOutboxPublisherRolledBackNothingCommittedOnce(t *testing.T) {
@@ -250,7 +235,7 @@ func TestOutboxPublisherTwoRelaysKeepOrder(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		outboxRun(t, r)
+		dbtest.Background(t, "relay", r.Run)
 	}
 	const writers, each, keys = 4, 30, 5
 	var wg sync.WaitGroup
@@ -289,7 +274,7 @@ func TestOutboxPublisherTwoRelaysKeepOrder(t *testing.T) {
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
-	outboxWaitFor(t, 20*time.Second, "all published", func() bool {
+	dbtest.WaitFor(t, 20*time.Second, "all published", func() bool {
 		return e.db.Count(t, "SELECT count(*) FROM dedupe_outbox WHERE published_at IS NULL") == 0
 	})
 	got := e.streamMsgs(t)
@@ -302,21 +287,13 @@ func TestOutboxPublisherTwoRelaysKeepOrder(t *testing.T) {
 	}
 	for k, want := range committed {
 		// Commit order within a key is the order of the counter values.
-		sortedInts(want)
+		slices.SortFunc(want, func(a, b string) int {
+			x, _ := strconv.Atoi(a)
+			y, _ := strconv.Atoi(b)
+			return cmp.Compare(x, y)
+		})
 		if fmt.Sprint(perKey[k]) != fmt.Sprint(want) {
 			t.Fatalf("key %s: stream order %v, commit order %v", k, perKey[k], want)
-		}
-	}
-}
-
-func sortedInts(s []string) {
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0; j-- {
-			a, _ := strconv.Atoi(s[j-1])
-			b, _ := strconv.Atoi(s[j])
-			if a > b {
-				s[j-1], s[j] = s[j], s[j-1]
-			}
 		}
 	}
 }
@@ -358,9 +335,9 @@ func TestOutboxPublisherBrokerDownThenAllArrive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	outboxRun(t, relay)
+	dbtest.Background(t, "relay", relay.Run)
 	e.enqueue(t, dedupe.Message{Topic: "orders.created", Key: "before"})
-	outboxWaitFor(t, 5*time.Second, "first message", func() bool { return len(e.streamMsgs(t)) == 1 })
+	dbtest.WaitFor(t, 5*time.Second, "first message", func() bool { return len(e.streamMsgs(t)) == 1 })
 
 	srv.Shutdown()
 	srv.WaitForShutdown()
@@ -368,13 +345,13 @@ func TestOutboxPublisherBrokerDownThenAllArrive(t *testing.T) {
 	for i := range n {
 		e.enqueue(t, dedupe.Message{Topic: "orders.created", Key: fmt.Sprint("k", i%5), Payload: []byte(strconv.Itoa(i))})
 	}
-	outboxWaitFor(t, 10*time.Second, "failed publishes while down", func() bool { return failures.Load() >= 5 })
+	dbtest.WaitFor(t, 10*time.Second, "failed publishes while down", func() bool { return failures.Load() >= 5 })
 	if p := e.db.Count(t, "SELECT count(*) FROM dedupe_outbox WHERE parked_at IS NOT NULL"); p != 0 {
 		t.Fatalf("outage parked %d messages", p)
 	}
 	srv = start()
 	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	outboxWaitFor(t, 20*time.Second, "all messages after restart", func() bool {
+	dbtest.WaitFor(t, 20*time.Second, "all messages after restart", func() bool {
 		return e.db.Count(t, "SELECT count(*) FROM dedupe_outbox WHERE published_at IS NULL") == 0
 	})
 	if got := len(e.streamMsgs(t)); got != n+1 {
