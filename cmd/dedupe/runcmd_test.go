@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -47,10 +48,7 @@ func TestRunConcurrentInProcessRunsOnce(t *testing.T) {
 		t.Fatalf("command started %d times, want 1", got)
 	}
 	// A later run of the complete key exits 0 without running the command.
-	r := e.cli(t, e.runArgs("nightly")...)
-	if rep := report(t, r); r.code != 0 || rep.Outcome != "skipped" {
-		t.Fatalf("later run = %d %q, want 0 skipped", r.code, rep.Outcome)
-	}
+	e.expectRun(t, "later run", want{code: 0, outcome: "skipped"}, "nightly")
 	if got := len(e.lines(t, "end")); got != 1 {
 		t.Fatalf("command completed %d times, want 1", got)
 	}
@@ -116,10 +114,7 @@ func TestRunKilledLeaseExpiresAndRetryTakesOver(t *testing.T) {
 	e.setSleep(t, 0)
 
 	// The dead run's lease still holds: another run is told to retry later.
-	r := e.cli(t, e.runArgs("export", "--lease", lease.String())...)
-	if rep := report(t, r); r.code != exitInFlight || rep.Outcome != "in_flight" {
-		t.Fatalf("run during the dead lease = %d %q, want %d in_flight\n%s", r.code, rep.Outcome, exitInFlight, r.stderr)
-	}
+	e.expectRun(t, "run during the dead lease", want{code: exitInFlight, outcome: "in_flight"}, "export", "--lease", lease.String())
 	// Once it expired, the next run takes over as attempt 2.
 	deadline := time.Now().Add(10 * time.Second)
 	for e.inspect(t, "jobs", "export").Lease == "live" {
@@ -128,11 +123,7 @@ func TestRunKilledLeaseExpiresAndRetryTakesOver(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	r = e.cli(t, e.runArgs("export", "--lease", lease.String())...)
-	rep := report(t, r)
-	if r.code != 0 || rep.Outcome != "ran" || rep.Attempt != 2 {
-		t.Fatalf("takeover run = %d %+v\n%s", r.code, rep, r.stderr)
-	}
+	e.expectRun(t, "takeover run", want{code: 0, outcome: "ran", attempt: 2}, "export", "--lease", lease.String())
 	// The orphaned command was killed with dedupe: it never finishes.
 	time.Sleep(time.Until(startedAt.Add(firstSleep + 500*time.Millisecond)))
 	for _, l := range e.lines(t, "end") {
@@ -152,24 +143,15 @@ func TestRunFailureReleasesKeyForRetry(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	e.setStatus(t, 3)
-	r := e.cli(t, e.runArgs("load")...)
-	if rep := report(t, r); r.code != 3 || rep.Recorded != "released" {
-		t.Fatalf("failing run = %d %+v", r.code, rep)
-	}
+	e.expectRun(t, "failing run", want{code: 3, recorded: "released"}, "load")
 	rec := e.inspect(t, "jobs", "load")
 	if rec.State != "in_flight" || rec.Lease == "live" || rec.Attempts != 1 || !strings.Contains(rec.LastError, "exit status 3") {
 		t.Fatalf("after failure: %+v", rec)
 	}
 	// The retry runs at once (no lease to wait for) and succeeds.
 	e.setStatus(t, 0)
-	r = e.cli(t, e.runArgs("load")...)
-	if rep := report(t, r); r.code != 0 || rep.Outcome != "ran" || rep.Attempt != 2 {
-		t.Fatalf("retry = %d %+v", r.code, rep)
-	}
-	r = e.cli(t, e.runArgs("load")...)
-	if rep := report(t, r); r.code != 0 || rep.Outcome != "skipped" {
-		t.Fatalf("after success = %d %+v", r.code, rep)
-	}
+	e.expectRun(t, "retry", want{code: 0, outcome: "ran", attempt: 2}, "load")
+	e.expectRun(t, "after success", want{code: 0, outcome: "skipped"}, "load")
 	if got := len(e.lines(t, "end")); got != 2 {
 		t.Fatalf("command ran %d times, want 2 (one failure, one success)", got)
 	}
@@ -179,15 +161,9 @@ func TestRunOnFailureCompleteReplaysStatus(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	e.setStatus(t, 4)
-	r := e.cli(t, e.runArgs("report", "--on-failure", "complete")...)
-	if rep := report(t, r); r.code != 4 || rep.Recorded != "complete" {
-		t.Fatalf("run = %d %+v", r.code, rep)
-	}
+	e.expectRun(t, "run", want{code: 4, recorded: "complete"}, "report", "--on-failure", "complete")
 	e.setStatus(t, 0)
-	r = e.cli(t, e.runArgs("report", "--on-failure", "complete")...)
-	if rep := report(t, r); r.code != 4 || rep.Outcome != "skipped" {
-		t.Fatalf("later run = %d %+v, want the stored status 4 replayed", r.code, rep)
-	}
+	e.expectRun(t, "later run", want{code: 4, outcome: "skipped"}, "report", "--on-failure", "complete")
 	if got := len(e.lines(t, "start")); got != 1 {
 		t.Fatalf("command ran %d times, want 1", got)
 	}
@@ -197,15 +173,9 @@ func TestRunPoisonThenReleaseAllowsAnotherRun(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	e.setStatus(t, 5)
-	r := e.cli(t, e.runArgs("sync", "--on-failure", "poison")...)
-	if rep := report(t, r); r.code != 5 || rep.Recorded != "failed" {
-		t.Fatalf("run = %d %+v", r.code, rep)
-	}
+	e.expectRun(t, "run", want{code: 5, recorded: "failed"}, "sync", "--on-failure", "poison")
 	e.setStatus(t, 0)
-	r = e.cli(t, e.runArgs("sync")...)
-	if rep := report(t, r); r.code != exitPoisoned || rep.Outcome != "poisoned" {
-		t.Fatalf("run of a poisoned key = %d %+v", r.code, rep)
-	}
+	e.expectRun(t, "run of a poisoned key", want{code: exitPoisoned, outcome: "poisoned"}, "sync")
 	// release without --yes changes nothing.
 	if r := e.cli(t, "release", "--scope", "jobs", "--key", "sync"); r.code != exitUsage || !strings.Contains(r.stderr, "--yes") {
 		t.Fatalf("release without --yes = %d\n%s", r.code, r.stderr)
@@ -216,10 +186,7 @@ func TestRunPoisonThenReleaseAllowsAnotherRun(t *testing.T) {
 	if r := e.cli(t, "release", "--scope", "jobs", "--key", "sync", "--yes"); r.code != 0 {
 		t.Fatalf("release --yes = %d\n%s", r.code, r.stderr)
 	}
-	r = e.cli(t, e.runArgs("sync")...)
-	if rep := report(t, r); r.code != 0 || rep.Outcome != "ran" || rep.Attempt != 1 {
-		t.Fatalf("run after release = %d %+v", r.code, rep)
-	}
+	e.expectRun(t, "run after release", want{code: 0, outcome: "ran", attempt: 1}, "sync")
 	if got := len(e.lines(t, "start")); got != 2 {
 		t.Fatalf("command ran %d times, want 2", got)
 	}
@@ -230,14 +197,11 @@ func TestRunMaxAttemptsMarksKeyFailed(t *testing.T) {
 	e := setup(t)
 	e.setStatus(t, 1)
 	for attempt := 1; attempt <= 2; attempt++ {
-		r := e.cli(t, e.runArgs("flaky", "--max-attempts", "2")...)
-		want := "released"
+		recorded := "released"
 		if attempt == 2 {
-			want = "failed"
+			recorded = "failed"
 		}
-		if rep := report(t, r); r.code != 1 || rep.Attempt != attempt || rep.Recorded != want {
-			t.Fatalf("attempt %d = %d %+v, want recorded %s", attempt, r.code, rep, want)
-		}
+		e.expectRun(t, fmt.Sprint("attempt ", attempt), want{code: 1, attempt: attempt, recorded: recorded}, "flaky", "--max-attempts", "2")
 	}
 	r := e.cli(t, e.runArgs("flaky", "--max-attempts", "2")...)
 	if r.code != exitPoisoned {
@@ -254,10 +218,9 @@ func TestRunRefusesKeyWithAnotherCommand(t *testing.T) {
 	if r := e.cli(t, e.runArgs("deploy")...); r.code != 0 {
 		t.Fatalf("first run = %d\n%s", r.code, r.stderr)
 	}
-	r := e.cli(t, "--json", "run", "--scope", "jobs", "--key", "deploy", "--", os.Args[0], effectArg, e.dir, "extra-argument")
-	if rep := report(t, r); r.code != exitConflict || rep.Outcome != "conflict" {
-		t.Fatalf("other command = %d %+v", r.code, rep)
-	}
+	expect(t, "other command",
+		e.cli(t, "--json", "run", "--scope", "jobs", "--key", "deploy", "--", os.Args[0], effectArg, e.dir, "extra-argument"),
+		want{code: exitConflict, outcome: "conflict"})
 	if got := len(e.lines(t, "start")); got != 1 {
 		t.Fatalf("command ran %d times, want 1", got)
 	}
@@ -268,10 +231,8 @@ func TestRunCommandNotFoundReleasesKey(t *testing.T) {
 	e := setup(t)
 	missing := e.dir + "/no-such-command"
 	for attempt := 1; attempt <= 2; attempt++ {
-		r := e.cli(t, "--json", "run", "--scope", "jobs", "--key", "missing", "--", missing)
-		if rep := report(t, r); r.code != exitNotExist || rep.Attempt != attempt || rep.Recorded != "released" {
-			t.Fatalf("attempt %d = %d %+v", attempt, r.code, rep)
-		}
+		expect(t, fmt.Sprint("attempt ", attempt), e.cli(t, "--json", "run", "--scope", "jobs", "--key", "missing", "--", missing),
+			want{code: exitNotExist, attempt: attempt, recorded: "released"})
 	}
 	if err := os.WriteFile(missing, []byte("not executable"), 0o644); err != nil {
 		t.Fatal(err)
@@ -299,17 +260,12 @@ func TestRunInterruptedStopsCommandAndReleasesKey(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("interrupted run did not end")
 	}
-	if rep := report(t, r); r.code != 128+int(syscall.SIGTERM) || rep.Recorded != "released" {
-		t.Fatalf("interrupted run = %d %+v\n%s", r.code, rep, r.stderr)
-	}
+	expect(t, "interrupted run", r, want{code: 128 + int(syscall.SIGTERM), recorded: "released"})
 	if got := len(e.lines(t, "end")); got != 0 {
 		t.Fatalf("the command finished despite the interruption")
 	}
 	e.setSleep(t, 0)
-	r = e.cli(t, e.runArgs("etl")...)
-	if rep := report(t, r); r.code != 0 || rep.Outcome != "ran" || rep.Attempt != 2 {
-		t.Fatalf("retry = %d %+v", r.code, rep)
-	}
+	e.expectRun(t, "retry", want{code: 0, outcome: "ran", attempt: 2}, "etl")
 }
 
 // TestRunLeaseLostStopsCommand releases a key while its command runs: the
@@ -335,9 +291,7 @@ func TestRunLeaseLostStopsCommand(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("run did not stop after losing its lease")
 	}
-	if rep := report(t, r); r.code != exitRunFailed || rep.Outcome != "lease_lost" {
-		t.Fatalf("run = %d %+v\n%s", r.code, rep, r.stderr)
-	}
+	expect(t, "run", r, want{code: exitRunFailed, outcome: "lease_lost"})
 	if got := len(e.lines(t, "end")); got != 0 {
 		t.Fatalf("the command finished despite the lost lease")
 	}
@@ -364,6 +318,31 @@ func TestRunStoresBoundedOutputTail(t *testing.T) {
 	if !strings.Contains(r.stdout, "key=tail idem=") || strings.Contains(r.stdout, "idem= ") {
 		t.Fatalf("command environment: %q", r.stdout)
 	}
+}
+
+// want is what a run must end with; an empty outcome or recorded, or a
+// zero attempt, is not checked.
+type want struct {
+	code              int
+	outcome, recorded string
+	attempt           int
+}
+
+// expect fails the test unless r exited w.code with a report that matches w.
+func expect(t *testing.T, what string, r result, w want) {
+	t.Helper()
+	rep := report(t, r)
+	if r.code != w.code || w.outcome != "" && rep.Outcome != w.outcome || w.recorded != "" && rep.Recorded != w.recorded ||
+		w.attempt != 0 && rep.Attempt != w.attempt {
+		t.Fatalf("%s = exit %d %+v, want %+v\n%s", what, r.code, rep, w, r.stderr)
+	}
+}
+
+// expectRun runs the test command under key with "dedupe --json run" and
+// checks its end with expect.
+func (e *env) expectRun(t *testing.T, what string, w want, key string, flags ...string) {
+	t.Helper()
+	expect(t, what, e.cli(t, e.runArgs(key, flags...)...), w)
 }
 
 // process returns the test binary acting as the dedupe CLI with args.
@@ -419,9 +398,7 @@ func TestRunSIGTERMStopsCommandAndReleasesKey(t *testing.T) {
 		t.Fatal("dedupe did not stop after SIGTERM")
 	}
 	r := result{code: exitCodeOf(t, err), stderr: stderr.String()}
-	if rep := report(t, r); r.code != 128+int(syscall.SIGTERM) || rep.Recorded != "released" {
-		t.Fatalf("terminated run = %d %+v\n%s", r.code, rep, r.stderr)
-	}
+	expect(t, "terminated run", r, want{code: 128 + int(syscall.SIGTERM), recorded: "released"})
 	if got := len(e.lines(t, "end")); got != 0 {
 		t.Fatal("the command finished despite SIGTERM")
 	}
@@ -457,9 +434,7 @@ func TestRunLeaseRunsOutStopsCommand(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("run did not stop when its lease ran out")
 	}
-	if rep := report(t, r); r.code != exitRunFailed || rep.Outcome != "lease_lost" {
-		t.Fatalf("run = %d %+v\n%s", r.code, rep, r.stderr)
-	}
+	expect(t, "run", r, want{code: exitRunFailed, outcome: "lease_lost"})
 	if got := len(e.lines(t, "end")); got != 0 {
 		t.Fatalf("the command finished despite the lease running out")
 	}
