@@ -586,20 +586,8 @@ func TestClientGoneMidHandlerRollsBack(t *testing.T) {
 func TestConnectionKilledMidTransaction(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
 	app := "victim-" + b.db.Schema
-	cfg.ConnConfig.RuntimeParams["application_name"] = app
-	cfg.MaxConns = 2
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	inbox, err := dedupe.New(pool, nil)
+	inbox, err := dedupe.New(b.db.AppPool(t, app, 2), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
