@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"time"
@@ -148,24 +146,9 @@ func superviseChild(ctx context.Context, e *env, args []string, onLine func(verb
 
 func runChild(ctx context.Context, e *env, args []string, kills *int, onLine func(verb, arg string)) (killed bool, err error) {
 	o := e.soak.opts
-	exe, err := os.Executable()
+	cmd, stdin, stdout, err := startWorker(e, args)
 	if err != nil {
 		return false, err
-	}
-	cmd := exec.Command(exe, append([]string{"-dsn", o.dsn, "-schema", e.soak.schema, "-transport", e.name,
-		"-app", e.app, "-lease", o.lease.String()}, args...)...)
-	cmd.Env = append(os.Environ(), workerEnv+"=1")
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return false, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return false, err
-	}
-	if err := cmd.Start(); err != nil {
-		return false, fmt.Errorf("start worker: %w", err)
 	}
 	// Closing stdin asks the child to stop cleanly.
 	stopped := context.AfterFunc(ctx, func() { _ = stdin.Close() })

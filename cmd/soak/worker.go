@@ -48,24 +48,9 @@ func supervise(ctx context.Context, e *env, b *broker) error {
 // the soak kills it (true).
 func runWorker(ctx context.Context, e *env, b *broker, kills *int) (killed bool, err error) {
 	o := e.soak.opts
-	exe, err := os.Executable()
+	cmd, stdin, stdout, err := startWorker(e, nil)
 	if err != nil {
 		return false, err
-	}
-	cmd := exec.Command(exe, "-dsn", o.dsn, "-schema", e.soak.schema, "-transport", e.name,
-		"-app", e.app, "-lease", o.lease.String())
-	cmd.Env = append(os.Environ(), workerEnv+"=1")
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return false, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return false, err
-	}
-	if err := cmd.Start(); err != nil {
-		return false, fmt.Errorf("start worker: %w", err)
 	}
 
 	var (
@@ -149,6 +134,32 @@ func runWorker(ctx context.Context, e *env, b *broker, kills *int) (killed bool,
 		return false, fmt.Errorf("worker subprocess: %w", werr)
 	}
 	return killed, nil
+}
+
+// startWorker starts the soak's own binary as the worker subprocess of e's
+// transport, with the transport flags args, and returns its pipes.
+func startWorker(e *env, args []string) (*exec.Cmd, io.WriteCloser, io.ReadCloser, error) {
+	o := e.soak.opts
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cmd := exec.Command(exe, append([]string{"-dsn", o.dsn, "-schema", e.soak.schema, "-transport", e.name,
+		"-app", e.app, "-lease", o.lease.String()}, args...)...)
+	cmd.Env = append(os.Environ(), workerEnv+"=1")
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, nil, fmt.Errorf("start worker: %w", err)
+	}
+	return cmd, stdin, stdout, nil
 }
 
 // workerMain is the worker subprocess: it consumes deliveries from stdin
