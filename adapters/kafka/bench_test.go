@@ -87,7 +87,7 @@ func (e *benchEnv) run(b *testing.B, consume func(ctx context.Context)) time.Dur
 	defer func() { cancel(); <-done }()
 
 	e.b.produce(b, msg("warm-up", "", nil))
-	waitFor(b, 30*time.Second, "the warm-up message", func() bool { return e.gate.committed.Load() == 1 })
+	dbtest.WaitFor(b, 30*time.Second, "the warm-up message", func() bool { return e.gate.committed.Load() == 1 })
 	msgs := make([]kafka.Message, b.N)
 	for n := range msgs {
 		msgs[n] = msg(fmt.Sprintf("m-%d", n), "", []byte("body"))

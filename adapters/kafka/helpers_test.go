@@ -14,20 +14,15 @@ import (
 	"github.com/exactlyonce/dedupe"
 	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
+	"github.com/exactlyonce/dedupe/internal/kafkatest"
 )
 
-// cluster starts an in-process Kafka-protocol broker (kfake) whose group
-// coordinator accepts the short session timeouts the tests use, with topic
+// cluster starts an in-process Kafka-protocol broker whose group
+// coordinator accepts the short session timeouts the tests use, with topics
 // seeded with partitions.
 func cluster(t testing.TB, partitions int32, topics ...string) []string {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...),
-		kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	if err != nil {
-		t.Fatalf("kfake: %v", err)
-	}
-	t.Cleanup(c.Close)
-	return c.ListenAddrs()
+	return kafkatest.ClusterWith(t, partitions, topics, []kfake.Opt{kfake.GroupMinSessionTimeout(100 * time.Millisecond)})
 }
 
 // newReader returns a group reader tuned for fast joins and rebalances on
@@ -244,18 +239,12 @@ func (m *member) stop(t testing.TB) error {
 	return err
 }
 
-// waitFor polls cond until it holds or d passes.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	dbtest.WaitFor(t, d, what, cond)
-}
-
 // waitDrained waits until the group committed every message of the topic.
 func (b *bundle) waitDrained(t testing.TB, d time.Duration) {
 	t.Helper()
 	var last int
 	var lastErr error
-	waitFor(t, d, "the group to commit every offset", func() bool {
+	dbtest.WaitFor(t, d, "the group to commit every offset", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		last, lastErr = groupLag(ctx, b.brokers, b.group, b.topic)

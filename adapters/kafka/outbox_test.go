@@ -254,25 +254,15 @@ func TestOutboxPublisherBrokerDownThenAllArrive(t *testing.T) {
 	for i := range n {
 		e.enqueue(t, dedupe.Message{Topic: "orders", Key: fmt.Sprint("k", i%4), Payload: []byte(strconv.Itoa(i))})
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for failures.Load() < 4 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if failures.Load() < 4 {
-		t.Fatalf("only %d failed publishes while down", failures.Load())
-	}
+	dbtest.WaitFor(t, 10*time.Second, "4 failed publishes while down", func() bool { return failures.Load() >= 4 })
 	if p := e.db.Count(t, "SELECT count(*) FROM dedupe_outbox WHERE parked_at IS NOT NULL"); p != 0 {
 		t.Fatalf("outage parked %d", p)
 	}
 	c = start()
 	t.Cleanup(c.Close)
-	deadline = time.Now().Add(20 * time.Second)
-	for e.db.Count(t, "SELECT count(*) FROM dedupe_outbox WHERE published_at IS NULL") > 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("messages still pending after the broker came back")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	dbtest.WaitFor(t, 20*time.Second, "every message published after the broker came back", func() bool {
+		return e.db.Count(t, "SELECT count(*) FROM dedupe_outbox WHERE published_at IS NULL") == 0
+	})
 	recs := consumeAll(t, brokers, "orders", n)
 	seen := map[string]bool{}
 	for _, r := range recs {

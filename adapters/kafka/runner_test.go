@@ -17,6 +17,7 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
 )
 
 // Twenty copies of one message land on three partitions, so three partition
@@ -94,7 +95,7 @@ func TestKilledBeforeOffsetCommitSecondMemberAbsorbs(t *testing.T) {
 		members[k] = m
 	}
 	b.produce(t, msgs...)
-	waitFor(t, 30*time.Second, "one member killed", func() bool { return killed.Load() != nil })
+	dbtest.WaitFor(t, 30*time.Second, "one member killed", func() bool { return killed.Load() != nil })
 	var dead, alive *member
 	for k, m := range members {
 		if k == killed.Load() {
@@ -514,7 +515,7 @@ func TestMemberJoinsMidStream(t *testing.T) {
 	cfg := dedupekafka.Config{BatchSize: 50}
 	m1 := b.start(t, cfg, slow)
 	b.produce(t, msgs...)
-	waitFor(t, 30*time.Second, "the first member to be under way", func() bool { return b.effects(t) >= total/10 })
+	dbtest.WaitFor(t, 30*time.Second, "the first member to be under way", func() bool { return b.effects(t) >= total/10 })
 	m2 := b.start(t, cfg, slow)
 	b.waitDrained(t, 45*time.Second)
 	if n := b.effects(t); n != total {
