@@ -196,9 +196,6 @@ func (e *env) inspect(t *testing.T, scope, key string) recordJSON {
 	return rec
 }
 
-// together runs f in n goroutines released at the same instant and waits.
-func together(n int, f func(i int)) { dbtest.Together(n, f) }
-
 // syncBuffer is a bytes.Buffer safe for the goroutines that copy a command's
 // output.
 type syncBuffer struct {

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/exactlyonce/dedupe/internal/dbtest"
 )
 
 func TestRunConcurrentInProcessRunsOnce(t *testing.T) {
@@ -18,7 +20,7 @@ func TestRunConcurrentInProcessRunsOnce(t *testing.T) {
 	e.setSleep(t, 700*time.Millisecond)
 	const n = 8
 	results := make([]result, n)
-	together(n, func(i int) { results[i] = e.cli(t, e.runArgs("nightly")...) })
+	dbtest.Together(n, func(i int) { results[i] = e.cli(t, e.runArgs("nightly")...) })
 
 	outcomes := map[string]int{}
 	for i, r := range results {
@@ -67,7 +69,7 @@ func TestRunConcurrentProcessesRunsOnce(t *testing.T) {
 	const procs = 4
 	codes := make([]int, procs)
 	outputs := make([]string, procs)
-	together(procs, func(p int) {
+	dbtest.Together(procs, func(p int) {
 		cmd := e.process(e.runArgs("backup-2026-01-01")...)
 		out, err := cmd.CombinedOutput()
 		outputs[p] = string(out)
