@@ -13,7 +13,7 @@ import (
 // tracing or date header is still the same request.
 func DefaultFingerprint(r *http.Request, body []byte) []byte {
 	h := sha256.New()
-	writeParts(h, r.Method, r.URL.EscapedPath(), r.URL.RawQuery, string(body))
+	writeRequest(h, r, body)
 	return h.Sum(nil)
 }
 
@@ -29,7 +29,7 @@ func FingerprintWithHeaders(names ...string) func(r *http.Request, body []byte) 
 	slices.Sort(canon)
 	return func(r *http.Request, body []byte) []byte {
 		h := sha256.New()
-		writeParts(h, r.Method, r.URL.EscapedPath(), r.URL.RawQuery, string(body))
+		writeRequest(h, r, body)
 		for _, n := range canon {
 			vals := r.Header.Values(n)
 			parts := append([]string{n}, vals...)
@@ -39,13 +39,24 @@ func FingerprintWithHeaders(names ...string) func(r *http.Request, body []byte) 
 	}
 }
 
+// writeRequest writes DefaultFingerprint's parts: method, path, raw query
+// and body. The body is hashed in place, not copied into a string.
+func writeRequest(h hash.Hash, r *http.Request, body []byte) {
+	writeParts(h, r.Method, r.URL.EscapedPath(), r.URL.RawQuery)
+	writePart(h, body)
+}
+
 // writeParts length-prefixes each part so that ("a","bc") and ("ab","c")
 // hash differently.
 func writeParts(h hash.Hash, parts ...string) {
-	var n [8]byte
 	for _, p := range parts {
-		binary.BigEndian.PutUint64(n[:], uint64(len(p)))
-		h.Write(n[:])
-		h.Write([]byte(p))
+		writePart(h, []byte(p))
 	}
+}
+
+func writePart(h hash.Hash, p []byte) {
+	var n [8]byte
+	binary.BigEndian.PutUint64(n[:], uint64(len(p)))
+	h.Write(n[:])
+	h.Write(p)
 }
