@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -115,21 +114,13 @@ func TestConcurrentTriesWriteOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const tries = 4
-	var start, done sync.WaitGroup
-	start.Add(1)
 	outs := make([]string, tries)
 	errs := make([]error, tries)
-	for i := range tries {
-		cmd := b.process(airflowEnv("manual__2026-01-05", i+1), "-hold", "300ms")
-		done.Go(func() {
-			start.Wait()
-			var out []byte
-			out, errs[i] = cmd.CombinedOutput()
-			outs[i] = string(out)
-		})
-	}
-	start.Done()
-	done.Wait()
+	dbtest.Together(tries, func(i int) {
+		var out []byte
+		out, errs[i] = b.process(airflowEnv("manual__2026-01-05", i+1), "-hold", "300ms").CombinedOutput()
+		outs[i] = string(out)
+	})
 	wrote := 0
 	for i := range tries {
 		if errs[i] != nil {
