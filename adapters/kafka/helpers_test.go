@@ -176,6 +176,24 @@ func (b *bundle) effects(t testing.TB) int {
 	return b.db.Count(t, "SELECT count(*) FROM effects")
 }
 
+// wantEffects fails the test unless the effects are n rows of n distinct
+// keys: every message's effect once, none lost, none doubled.
+func (b *bundle) wantEffects(t testing.TB, n int) {
+	t.Helper()
+	if got, distinct := b.effects(t), b.db.Count(t, "SELECT count(DISTINCT msg_id) FROM effects"); got != n || distinct != n {
+		t.Fatalf("effects = %d of %d distinct keys, want %d of %d", got, distinct, n, n)
+	}
+}
+
+// numbered returns n messages with body, the i-th keyed fmt.Sprintf(format, i).
+func numbered(n int, format string, body []byte) []kafka.Message {
+	msgs := make([]kafka.Message, n)
+	for i := range n {
+		msgs[i] = msg(fmt.Sprintf(format, i), "", body)
+	}
+	return msgs
+}
+
 // member is one running group member.
 type member struct {
 	runner *dedupekafka.Runner

@@ -79,10 +79,7 @@ func TestKilledBeforeOffsetCommitSecondMemberAbsorbs(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
 	const total = 200
-	var msgs []kafka.Message
-	for n := range total {
-		msgs = append(msgs, msg(fmt.Sprintf("o-%d", n), "", []byte("x")))
-	}
+	msgs := numbered(total, "o-%d", []byte("x"))
 	var killed atomic.Pointer[killOnCommit]
 	// The first member to commit dies, whichever it is.
 	members := map[*killOnCommit]*member{}
@@ -114,12 +111,7 @@ func TestKilledBeforeOffsetCommitSecondMemberAbsorbs(t *testing.T) {
 		t.Fatal("the killed member's Run did not return")
 	}
 	b.waitDrained(t, 30*time.Second)
-	if n := b.effects(t); n != total {
-		t.Fatalf("effects = %d, want %d", n, total)
-	}
-	if n := b.db.Count(t, "SELECT count(DISTINCT msg_id) FROM effects"); n != total {
-		t.Fatalf("distinct effects = %d, want %d", n, total)
-	}
+	b.wantEffects(t, total)
 	ds, as := dead.runner.Stats(), alive.runner.Stats()
 	if ds.Handled == 0 {
 		t.Fatalf("the killed member committed no effects: %+v", ds)
@@ -152,12 +144,7 @@ func TestTenThousandTwoMembersBatch(t *testing.T) {
 	m2 := b.start(t, cfg, insertEffect)
 	b.produce(t, msgs...)
 	b.waitDrained(t, 50*time.Second)
-	if n := b.effects(t); n != len(unique) {
-		t.Fatalf("effects = %d, want %d unique of %d", n, len(unique), total)
-	}
-	if n := b.db.Count(t, "SELECT count(DISTINCT msg_id) FROM effects"); n != len(unique) {
-		t.Fatalf("distinct effects = %d, want %d", n, len(unique))
-	}
+	b.wantEffects(t, len(unique))
 	s1, s2 := m1.runner.Stats(), m2.runner.Stats()
 	if s1.Fetched+s2.Fetched < total {
 		t.Fatalf("fetched %d, want at least %d", s1.Fetched+s2.Fetched, total)
@@ -175,10 +162,7 @@ func TestTenThousandTwoMembersBatch(t *testing.T) {
 func TestBatchWithOneFailingMessage(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
-	var msgs []kafka.Message
-	for n := range 30 {
-		msgs = append(msgs, msg(fmt.Sprintf("b-%02d", n), "", nil))
-	}
+	msgs := numbered(30, "b-%02d", nil)
 	b.produce(t, msgs...)
 	var calls atomic.Int32
 	m := b.start(t, dedupekafka.Config{BatchSize: 30, Linger: 200 * time.Millisecond, RetryBackoff: 10 * time.Millisecond},
@@ -197,12 +181,7 @@ func TestBatchWithOneFailingMessage(t *testing.T) {
 			return nil
 		})
 	b.waitDrained(t, 30*time.Second)
-	if n := b.effects(t); n != 30 {
-		t.Fatalf("effects = %d, want 30", n)
-	}
-	if n := b.db.Count(t, "SELECT count(DISTINCT msg_id) FROM effects"); n != 30 {
-		t.Fatalf("distinct effects = %d, want 30", n)
-	}
+	b.wantEffects(t, 30)
 	if n := calls.Load(); n != 3 {
 		t.Fatalf("handler calls for b-07 = %d, want 3", n)
 	}
@@ -226,10 +205,7 @@ func TestBatchWithOneFailingMessage(t *testing.T) {
 func TestBatchConnectionKilled(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
-	var msgs []kafka.Message
-	for n := range 40 {
-		msgs = append(msgs, msg(fmt.Sprintf("k-%02d", n), "", nil))
-	}
+	msgs := numbered(40, "k-%02d", nil)
 	b.produce(t, msgs...)
 	var killed atomic.Bool
 	b.start(t, dedupekafka.Config{BatchSize: 40, Linger: 200 * time.Millisecond, RetryBackoff: 10 * time.Millisecond},
@@ -254,12 +230,7 @@ func TestBatchConnectionKilled(t *testing.T) {
 	if !killed.Load() {
 		t.Fatal("the connection was never killed")
 	}
-	if n := b.effects(t); n != 40 {
-		t.Fatalf("effects = %d, want 40", n)
-	}
-	if n := b.db.Count(t, "SELECT count(DISTINCT msg_id) FROM effects"); n != 40 {
-		t.Fatalf("distinct effects = %d, want 40", n)
-	}
+	b.wantEffects(t, 40)
 }
 
 // A message that always fails is marked failed after MaxAttempts, written
@@ -430,10 +401,7 @@ func TestKeyFromHeaders(t *testing.T) {
 func TestBatchHandlerFallback(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
-	var msgs []kafka.Message
-	for n := range 30 {
-		msgs = append(msgs, msg(fmt.Sprintf("b-%02d", n), "", nil))
-	}
+	msgs := numbered(30, "b-%02d", nil)
 	b.produce(t, msgs...)
 	var bad atomic.Int32
 	var sizes sync.Map
@@ -451,12 +419,7 @@ func TestBatchHandlerFallback(t *testing.T) {
 			return nil
 		})
 	b.waitDrained(t, 30*time.Second)
-	if n := b.effects(t); n != 30 {
-		t.Fatalf("effects = %d, want 30", n)
-	}
-	if n := b.db.Count(t, "SELECT count(DISTINCT msg_id) FROM effects"); n != 30 {
-		t.Fatalf("distinct effects = %d, want 30", n)
-	}
+	b.wantEffects(t, 30)
 	// The batch failure cannot be pinned on one message and is not counted;
 	// the lone retry that failed is.
 	if n := b.db.Count(t, "SELECT attempts FROM dedupe_inbox WHERE key = 'b-07'"); n != 2 {
@@ -504,10 +467,7 @@ func TestMemberJoinsMidStream(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
 	const total = 3000
-	var msgs []kafka.Message
-	for n := range total {
-		msgs = append(msgs, msg(fmt.Sprintf("j-%d", n), "", []byte("x")))
-	}
+	msgs := numbered(total, "j-%d", []byte("x"))
 	slow := func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
 		time.Sleep(100 * time.Microsecond)
 		return insertEffect(ctx, tx, m)
@@ -518,12 +478,7 @@ func TestMemberJoinsMidStream(t *testing.T) {
 	dbtest.WaitFor(t, 30*time.Second, "the first member to be under way", func() bool { return b.effects(t) >= total/10 })
 	m2 := b.start(t, cfg, slow)
 	b.waitDrained(t, 45*time.Second)
-	if n := b.effects(t); n != total {
-		t.Fatalf("effects = %d, want %d", n, total)
-	}
-	if n := b.db.Count(t, "SELECT count(DISTINCT msg_id) FROM effects"); n != total {
-		t.Fatalf("distinct effects = %d, want %d", n, total)
-	}
+	b.wantEffects(t, total)
 	s1, s2 := m1.runner.Stats(), m2.runner.Stats()
 	if s2.Fetched == 0 {
 		t.Fatalf("the second member never got a partition: %+v", s2)
@@ -547,10 +502,7 @@ func TestBatchModeUsesRunnerMaxAttempts(t *testing.T) {
 	if _, poisoned, err := b.inbox.RecordFailure(ctx, dedupe.Key{Scope: b.group, ID: "b-03"}, errors.New("earlier run")); err != nil || poisoned {
 		t.Fatalf("seed failed attempt: poisoned %v, err %v", poisoned, err)
 	}
-	var msgs []kafka.Message
-	for n := range 10 {
-		msgs = append(msgs, msg(fmt.Sprintf("b-%02d", n), "", nil))
-	}
+	msgs := numbered(10, "b-%02d", nil)
 	b.produce(t, msgs...)
 	cfg := dedupekafka.Config{BatchSize: 10, Linger: 200 * time.Millisecond, MaxAttempts: 3, RetryBackoff: 10 * time.Millisecond}
 	m := b.startWith(t, func(rd dedupekafka.Reader) (*dedupekafka.Runner, error) {
