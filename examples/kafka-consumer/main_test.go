@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/exactlyonce/dedupe/internal/dbtest"
+	"github.com/exactlyonce/dedupe/internal/kafkatest"
 )
 
 func TestMain(m *testing.M) { dbtest.VerifyTestMain(m) }
@@ -23,13 +24,8 @@ func TestMain(m *testing.M) { dbtest.VerifyTestMain(m) }
 // malformed event is dead-lettered, and every offset is committed.
 func TestConsumerBooksEachPaymentOnce(t *testing.T) {
 	db := dbtest.New(t, dbtest.Options{MaxConns: 2})
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "payments", "payments.dlq"),
-		kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	brokers := c.ListenAddrs()
+	brokers := kafkatest.ClusterWith(t, 3, []string{"payments", "payments.dlq"},
+		[]kfake.Opt{kfake.GroupMinSessionTimeout(100 * time.Millisecond)})
 
 	cfg, err := configFromEnv(func(name string) string {
 		return map[string]string{
@@ -76,9 +72,7 @@ func TestConsumerBooksEachPaymentOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- run(runCtx, cfg) }()
+	stop := dbtest.Background(t, "kafka-consumer", func(ctx context.Context) error { return run(ctx, cfg) })
 	deadline := time.Now().Add(40 * time.Second)
 	for {
 		var n int
@@ -106,9 +100,6 @@ func TestConsumerBooksEachPaymentOnce(t *testing.T) {
 	}
 
 	stop()
-	if err := <-done; err != nil {
-		t.Fatalf("run: %v", err)
-	}
 	var n, distinct int
 	var sum int64
 	if err := db.Pool.QueryRow(ctx, "SELECT count(*), count(DISTINCT payment_id), sum(amount_cents) FROM ledger").Scan(&n, &distinct, &sum); err != nil {
