@@ -100,6 +100,22 @@ func TestConsumerBooksEachPaymentOnce(t *testing.T) {
 	}
 
 	stop()
+	// Every offset is committed: a restart would not fetch anything again.
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: w.Transport}
+	offsets, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: cfg.Group, Topics: map[string][]int{cfg.Topic: {0, 1, 2}}})
+	if err != nil {
+		t.Fatalf("fetch the group's offsets: %v", err)
+	}
+	var committed int64
+	for _, p := range offsets.Topics[cfg.Topic] {
+		if p.Error != nil {
+			t.Fatalf("offset of partition %d: %v", p.Partition, p.Error)
+		}
+		committed += max(p.CommittedOffset, 0)
+	}
+	if committed != int64(len(msgs)) {
+		t.Fatalf("committed offsets add up to %d, want all %d events", committed, len(msgs))
+	}
 	var n, distinct int
 	var sum int64
 	if err := db.Pool.QueryRow(ctx, "SELECT count(*), count(DISTINCT payment_id), sum(amount_cents) FROM ledger").Scan(&n, &distinct, &sum); err != nil {
