@@ -609,8 +609,11 @@ func TestConnectionKilledMidTransaction(t *testing.T) {
 	}
 	srv := serve(t, h)
 	hdr, body := providers[2].sign("evt_killed")
-	if status, _, _ := post(t, srv.URL, hdr, body); status < 500 {
-		t.Fatalf("delivery on a killed connection: %d, want 5xx", status)
+	// The database failed, not the handler: 503 with Retry-After, so the
+	// provider re-sends.
+	if status, text, respHdr := post(t, srv.URL, hdr, body); status != http.StatusServiceUnavailable ||
+		strings.TrimSpace(text) != "unavailable" || respHdr.Get("Retry-After") == "" {
+		t.Fatalf("delivery on a killed connection: %d %q Retry-After %q, want 503 unavailable with Retry-After", status, text, respHdr.Get("Retry-After"))
 	}
 	if got := b.effects(t); got != 0 {
 		t.Fatalf("effects after kill = %d, want 0", got)
