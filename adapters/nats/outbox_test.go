@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -601,5 +602,39 @@ func ExampleNewOutboxPublisher() {
 	// "orders.placed", Key: orderID, Payload: body}) in their transaction.
 	if err := relay.Run(ctx); err != nil { // until Ctrl-C
 		log.Fatal(err)
+	}
+}
+
+// TestOutboxPublisherOversizedParkedOthersPublished: a message over the
+// server's max payload can never be published; it is parked at once with its
+// error, visible to operators, and the rest of its batch is published.
+func TestOutboxPublisherOversizedParkedOthersPublished(t *testing.T) {
+	t.Parallel()
+	e := outboxSetup(t, natstest.Connect(t, natstest.Server(t)))
+	ctx := context.Background()
+	relay, err := dedupe.NewRelay(e.outbox, e.pub, dedupe.RelayConfig{DisableListen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := e.enqueue(t,
+		dedupe.Message{Topic: "orders.created", Key: "a", Payload: []byte("a")},
+		dedupe.Message{Topic: "orders.created", Key: "big", Payload: make([]byte, 2<<20)},
+		dedupe.Message{Topic: "orders.created", Key: "b", Payload: []byte("b")})
+	if n, err := relay.Cycle(ctx); n != 2 {
+		t.Fatalf("cycle published %d (err %v), want 2", n, err)
+	}
+	got := e.streamMsgs(t)
+	if len(got) != 2 || got[0].Header.Get(jetstream.MsgIDHeader) != ids[0] || got[1].Header.Get(jetstream.MsgIDHeader) != ids[2] {
+		t.Fatalf("stream holds %d messages, want a and b", len(got))
+	}
+	parked, err := e.outbox.Parked(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(parked) != 1 || parked[0].ID != ids[1] || parked[0].Attempt != 1 || !strings.Contains(parked[0].LastError, "maximum payload") {
+		t.Fatalf("parked = %+v, want the oversized message after one attempt with its error", parked)
+	}
+	if n, err := relay.Cycle(ctx); n != 0 || err != nil {
+		t.Fatalf("next cycle = %d, %v; want nothing left to publish", n, err)
 	}
 }
