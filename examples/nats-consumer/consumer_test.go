@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -37,35 +36,31 @@ func TestTwoCopiesShipEachOrderOnce(t *testing.T) {
 	}
 	cfg.Logger = slog.New(slog.DiscardHandler)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var ready, stopped sync.WaitGroup
-	var mu sync.Mutex
-	errs := make([]error, 2)
-	for i := range 2 {
-		ready.Add(1)
-		stopped.Add(1)
+	// Two copies; each reports on ready once its runner starts, or with the
+	// error it stopped on before that.
+	ready := make(chan error, 2)
+	var stops []func()
+	for range 2 {
 		c := cfg
 		var once sync.Once
-		c.ready = func() { once.Do(ready.Done) }
-		go func() {
-			defer stopped.Done()
+		c.ready = func() { once.Do(func() { ready <- nil }) }
+		stops = append(stops, dbtest.Background(t, "nats-consumer", func(ctx context.Context) error {
 			err := run(ctx, c)
-			mu.Lock()
-			errs[i] = err
-			mu.Unlock()
-			c.ready() // a copy that failed to start must not hang the test
-		}()
+			once.Do(func() { ready <- fmt.Errorf("stopped before it started: %v", err) })
+			return err
+		}))
 	}
-	waitDone(t, &ready, "both copies to start")
-	mu.Lock()
-	started := slices.Clone(errs)
-	mu.Unlock()
-	for i, err := range started {
-		if err != nil {
-			t.Fatalf("copy %d failed to start: %v", i, err)
+	for i := range 2 {
+		select {
+		case err := <-ready:
+			if err != nil {
+				t.Fatalf("a copy failed to start: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("timed out waiting for copy %d of 2 to start", i+1)
 		}
 	}
+	ctx := context.Background()
 
 	nc := natstest.Connect(t, srv)
 	js, err := jetstream.New(nc)
@@ -107,12 +102,8 @@ func TestTwoCopiesShipEachOrderOnce(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	cancel()
-	waitDone(t, &stopped, "both copies to stop")
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("copy %d: %v", i, err)
-		}
+	for _, stop := range stops {
+		stop() // fails the test if the copy does not stop, or stops with an error
 	}
 	if n := db.Count(t, "SELECT count(*) FROM shipments"); n != orders {
 		t.Fatalf("shipments = %d, want %d", n, orders)
@@ -137,16 +128,5 @@ func TestConfigFromEnv(t *testing.T) {
 		if _, err := configFromEnv(func(n string) string { return bad[n] }); err == nil {
 			t.Errorf("%v: no error", bad)
 		}
-	}
-}
-
-func waitDone(t *testing.T, wg *sync.WaitGroup, what string) {
-	t.Helper()
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(20 * time.Second):
-		t.Fatalf("timed out waiting for %s", what)
 	}
 }
