@@ -342,16 +342,7 @@ func TestHandleConnectionKilledMidTransaction(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	// The consumer gets its own pool so its backend can be found and killed.
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = "victim-" + b.db.Schema
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := b.db.AppPool(t, "victim-"+b.db.Schema, 0)
 	inbox, err := dedupe.New(pool, &dedupe.Config{Clock: b.clock.Now})
 	if err != nil {
 		t.Fatal(err)

@@ -357,17 +357,7 @@ func TestRelayKilledAfterPublishBeforeMark(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
 	app := "relay-kill-" + b.db.Schema
-	pcfg, err := pgxpool.ParseConfig(b.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.ConnConfig.RuntimeParams["application_name"] = app
-	pcfg.MaxConns = 2
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := b.db.AppPool(t, app, 2)
 	ob, err := dedupe.NewOutbox(pool, &dedupe.Config{Clock: b.clock.Now})
 	if err != nil {
 		t.Fatal(err)
