@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -25,6 +26,7 @@ func TestBenchTinyRunReportsEveryRow(t *testing.T) {
 	out := stdout.String()
 	t.Log(out)
 	rows := map[string]int{}
+	ratios := map[string]int{} // ratio cells by row name
 	for _, line := range strings.Split(out, "\n") {
 		if !strings.HasPrefix(line, "| ") || strings.HasPrefix(line, "| scenario") || strings.HasPrefix(line, "| inbox rows") || strings.HasPrefix(line, "| run ") || strings.HasPrefix(line, "| consumer ") {
 			continue
@@ -36,6 +38,18 @@ func TestBenchTinyRunReportsEveryRow(t *testing.T) {
 				t.Errorf("zero cell in %q", line)
 			}
 		}
+		// The main and transport tables: scenario, workers, msgs/s, p50,
+		// p99, latency of, vs, ratio. A row has a ratio exactly when it
+		// names a baseline, and a positive throughput.
+		if len(cells) == 8 {
+			if tp, err := strconv.ParseFloat(cells[2], 64); err != nil || tp <= 0 {
+				t.Errorf("throughput %q in %q", cells[2], line)
+			}
+			if hasBase, hasRatio := cells[6] != "—", strings.HasSuffix(cells[7], "×"); hasBase != hasRatio {
+				t.Errorf("baseline %q but ratio %q in %q", cells[6], cells[7], line)
+			}
+		}
+		ratios[cells[0]] += strings.Count(line, "×")
 	}
 	for _, sc := range scenarios {
 		if rows[sc.name] != 2 {
@@ -51,6 +65,11 @@ func TestBenchTinyRunReportsEveryRow(t *testing.T) {
 	for _, want := range []string{"0", "2000", "Handle, no purge", "Handle while Purge runs"} {
 		if rows[want] != 1 {
 			t.Errorf("row %q: %d, want 1", want, rows[want])
+		}
+	}
+	for _, name := range []string{"2000", "Handle while Purge runs"} {
+		if ratios[name] != 1 {
+			t.Errorf("row %q: %d ratios, want 1", name, ratios[name])
 		}
 	}
 	if !strings.Contains(out, "purged 2000 of 2000 expired keys") {
