@@ -44,12 +44,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		timeout     time.Duration
 	)
 	fs.StringVar(&databaseURL, "database-url", "", "PostgreSQL connection URL. Defaults to $DATABASE_URL.")
-	fs.StringVar(&cfg.scope, "scope", "airflow-worker", "inbox scope of this worker's keys. Defaults to airflow-worker.")
-	fs.IntVar(&mapIndex, "map-index", -1, "map index of a mapped task (pass {{ ti.map_index }}). Defaults to -1 (not mapped).")
-	fs.StringVar(&cfg.account, "account", "payouts", "account credited once per run. Defaults to payouts.")
-	fs.Int64Var(&cfg.amount, "amount", 100, "credit in cents. Defaults to 100.")
+	fs.StringVar(&cfg.scope, "scope", "airflow-worker", "inbox scope of this worker's keys.")
+	fs.IntVar(&mapIndex, "map-index", -1, "map index of a mapped task (pass {{ ti.map_index }}); -1 when the task is not mapped.")
+	fs.StringVar(&cfg.account, "account", "payouts", "account credited once per run.")
+	fs.Int64Var(&cfg.amount, "amount", 100, "credit in cents.")
 	fs.DurationVar(&cfg.hold, "hold", 0, "keep the transaction open this long before committing (demo). Defaults to 0.")
-	fs.DurationVar(&timeout, "timeout", 5*time.Minute, "give up after this long. Defaults to 5m.")
+	fs.DurationVar(&timeout, "timeout", 5*time.Minute, "give up after this long.")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
