@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -270,6 +271,46 @@ func TestOutboxPublisherBrokerDownThenAllArrive(t *testing.T) {
 	}
 	if len(seen) != n {
 		t.Fatalf("distinct messages after restart = %d (records %d), want %d", len(seen), len(recs), n)
+	}
+}
+
+// TestOutboxPublisherOversizedParkedOthersPublished: a message over the
+// writer's BatchBytes can never be written; it is parked at once with its
+// error, visible to operators, and the rest of its batch (which kafka-go
+// refused with it) is published on a retry.
+func TestOutboxPublisherOversizedParkedOthersPublished(t *testing.T) {
+	t.Parallel()
+	brokers := kafkatest.Cluster(t, 1, "orders")
+	e := outboxSetup(t, brokers)
+	ctx := context.Background()
+	relay, err := dedupe.NewRelay(e.outbox, e.pub, dedupe.RelayConfig{DisableListen: true,
+		MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := e.enqueue(t,
+		dedupe.Message{Topic: "orders", Key: "a", Payload: []byte("a")},
+		dedupe.Message{Topic: "orders", Key: "big", Payload: make([]byte, 2<<20)},
+		dedupe.Message{Topic: "orders", Key: "b", Payload: []byte("b")})
+	published := 0
+	dbtest.WaitFor(t, 10*time.Second, "a and b published", func() bool {
+		n, _ := relay.Cycle(ctx)
+		published += n
+		return published == 2
+	})
+	parked, err := e.outbox.Parked(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(parked) != 1 || parked[0].ID != ids[1] || parked[0].Attempt != 1 || !strings.Contains(parked[0].LastError, "Message Size Too Large") {
+		t.Fatalf("parked = %+v, want the oversized message after one attempt with its error", parked)
+	}
+	if st, err := e.outbox.Stats(ctx); err != nil || st.Pending != 0 || st.Parked != 1 {
+		t.Fatalf("stats = %+v, %v; want nothing pending and one parked", st, err)
+	}
+	recs := consumeAll(t, brokers, "orders", 2)
+	if len(recs) != 2 || header(recs[0], "message-id") != ids[0] || header(recs[1], "message-id") != ids[2] {
+		t.Fatalf("topic holds %d records, want a and b once each", len(recs))
 	}
 }
 
