@@ -441,3 +441,32 @@ func TestRunLeaseRunsOutStopsCommand(t *testing.T) {
 		t.Fatalf("the command finished despite the lease running out")
 	}
 }
+
+// TestRunReleasedBeforeCompletionRecordsNothing force-releases a key while
+// its command runs (3s, ample time for the release), between two heartbeats: the command finishes, but its
+// completion is refused (the claim's token is stale) and run exits 125
+// instead of recording a key it no longer holds.
+func TestRunReleasedBeforeCompletionRecordsNothing(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.setSleep(t, 3*time.Second)
+	done := make(chan result, 1)
+	go func() { done <- e.cli(t, e.runArgs("fenced", "--lease", "1m", "--heartbeat", "50s")...) }()
+	e.waitLines(t, "start", 1)
+	if r := e.cli(t, "release", "--scope", "jobs", "--key", "fenced", "--yes", "--force"); r.code != 0 {
+		t.Fatalf("release --force = %d\n%s", r.code, r.stderr)
+	}
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("run did not end")
+	}
+	expect(t, "run", r, want{code: exitRunFailed, outcome: "lease_lost"})
+	if got := len(e.lines(t, "end")); got != 1 {
+		t.Fatalf("the command finished %d times, want 1", got)
+	}
+	if r := e.cli(t, "inspect", "--scope", "jobs", "--key", "fenced"); r.code != exitNotFound {
+		t.Fatalf("inspect after the refused completion = %d, want %d (nothing recorded)\n%s", r.code, exitNotFound, r.stdout)
+	}
+}
