@@ -73,7 +73,7 @@ func (p *OutboxPublisher) Publish(ctx context.Context, msgs []*dedupe.OutboxMess
 				nm.Header.Add(k, v)
 			}
 		}
-		nm.Header.Set(jetstream.MsgIDHeader, m.ID)
+		// WithMsgID sets the Nats-Msg-Id header.
 		f, err := p.js.PublishMsgAsync(nm, append(opts, jetstream.WithMsgID(m.ID))...)
 		if err != nil {
 			errs[i] = classify(err)
