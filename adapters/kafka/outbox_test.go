@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -24,6 +23,7 @@ import (
 	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 	"github.com/exactlyonce/dedupe/internal/kafkatest"
+	"github.com/exactlyonce/dedupe/internal/outboxtest"
 )
 
 type outboxEnv struct {
@@ -34,14 +34,7 @@ type outboxEnv struct {
 
 func outboxSetup(t *testing.T, brokers []string) *outboxEnv {
 	t.Helper()
-	db := dbtest.New(t)
-	if err := dedupe.Migrate(context.Background(), db.Pool, nil); err != nil {
-		t.Fatal(err)
-	}
-	ob, err := dedupe.NewOutbox(db.Pool, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, ob := outboxtest.New(t)
 	w := dedupekafka.NewOutboxWriter(brokers...)
 	w.Transport = &kafka.Transport{}
 	w.WriteBackoffMin, w.WriteBackoffMax, w.MaxAttempts = 10*time.Millisecond, 50*time.Millisecond, 2
@@ -55,21 +48,7 @@ func outboxSetup(t *testing.T, brokers []string) *outboxEnv {
 
 func (e *outboxEnv) enqueue(t *testing.T, msgs ...dedupe.Message) []string {
 	t.Helper()
-	var ids []string
-	err := pgx.BeginFunc(context.Background(), e.db.Pool, func(tx pgx.Tx) error {
-		for _, m := range msgs {
-			id, err := e.outbox.Enqueue(context.Background(), tx, m)
-			if err != nil {
-				return err
-			}
-			ids = append(ids, id)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ids
+	return outboxtest.Enqueue(t, e.db.Pool, e.outbox, msgs...)
 }
 
 // consumeAll reads topic from the start until want records arrived (or the

@@ -27,6 +27,7 @@ import (
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 	"github.com/exactlyonce/dedupe/internal/natstest"
+	"github.com/exactlyonce/dedupe/internal/outboxtest"
 )
 
 // outboxEnv is a migrated schema with an outbox, a JetStream stream ORDERS
@@ -42,14 +43,7 @@ type outboxEnv struct {
 func outboxSetup(t *testing.T, nc *nats.Conn) *outboxEnv {
 	t.Helper()
 	ctx := context.Background()
-	db := dbtest.New(t)
-	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
-		t.Fatal(err)
-	}
-	ob, err := dedupe.NewOutbox(db.Pool, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, ob := outboxtest.New(t)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
@@ -67,21 +61,7 @@ func outboxSetup(t *testing.T, nc *nats.Conn) *outboxEnv {
 
 func (e *outboxEnv) enqueue(t testing.TB, msgs ...dedupe.Message) []string {
 	t.Helper()
-	var ids []string
-	err := pgx.BeginFunc(context.Background(), e.db.Pool, func(tx pgx.Tx) error {
-		for _, m := range msgs {
-			id, err := e.outbox.Enqueue(context.Background(), tx, m)
-			if err != nil {
-				return err
-			}
-			ids = append(ids, id)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ids
+	return outboxtest.Enqueue(t, e.db.Pool, e.outbox, msgs...)
 }
 
 // streamMsgs reads every message of the stream in order.
@@ -510,12 +490,8 @@ func BenchmarkOutboxRelay(b *testing.B) {
 func outboxBenchSetup(b *testing.B, nc *nats.Conn) *outboxEnv {
 	b.Helper()
 	ctx := context.Background()
-	db := dbtest.New(b)
-	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
-		b.Fatal(err)
-	}
+	db, ob := outboxtest.New(b)
 	db.Exec(b, `CREATE TABLE effects (n int NOT NULL)`)
-	ob, _ := dedupe.NewOutbox(db.Pool, nil)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		b.Fatal(err)

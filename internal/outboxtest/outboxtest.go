@@ -1,0 +1,50 @@
+// Package outboxtest holds the test setup the outbox publishers of the
+// transport adapters share: a migrated schema with an outbox, and committed
+// enqueues.
+package outboxtest
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
+)
+
+// New returns a fresh schema (dbtest.New), migrated, and an outbox in it.
+func New(t testing.TB) (*dbtest.DB, *dedupe.Outbox) {
+	t.Helper()
+	db := dbtest.New(t)
+	if err := dedupe.Migrate(context.Background(), db.Pool, nil); err != nil {
+		t.Fatalf("outboxtest: migrate: %v", err)
+	}
+	ob, err := dedupe.NewOutbox(db.Pool, nil)
+	if err != nil {
+		t.Fatalf("outboxtest: %v", err)
+	}
+	return db, ob
+}
+
+// Enqueue enqueues msgs in ob in one transaction on db, commits it and
+// returns the messages' IDs in order.
+func Enqueue(t testing.TB, db dedupe.DB, ob *dedupe.Outbox, msgs ...dedupe.Message) []string {
+	t.Helper()
+	ctx := context.Background()
+	ids := make([]string, 0, len(msgs))
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		for _, m := range msgs {
+			id, err := ob.Enqueue(ctx, tx, m)
+			if err != nil {
+				return err
+			}
+			ids = append(ids, id)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("outboxtest: enqueue: %v", err)
+	}
+	return ids
+}
