@@ -57,7 +57,9 @@ func runExternal(ctx context.Context, e *env, x external) error {
 		})
 	}
 	if x.childArgs != nil && o.kills > 0 {
-		wg.Go(func() { record(superviseChild(wctx, e, x.childArgs, x.onChildLine)) })
+		wg.Go(func() {
+			record(supervise(wctx, func(kills *int) (bool, error) { return runChild(wctx, e, x.childArgs, kills, x.onChildLine) }))
+		})
 	}
 	wg.Go(func() { terminator(wctx, e.soak.admin, e.app, o.terminate, e.faults, e.soak.log) })
 	wg.Go(func() { record(x.feed(wctx)) })
@@ -127,23 +129,9 @@ func restarting(ctx context.Context, e *env, restart bool, consume func(context.
 	return nil
 }
 
-// superviseChild runs the worker subprocess with args until ctx ends,
-// killing it with SIGKILL when it reports "tx" (it is inside a transaction)
-// and the kill fault fires, at most -kills times, and starting a new one.
-func superviseChild(ctx context.Context, e *env, args []string, onLine func(verb, arg string)) error {
-	kills := 0
-	for ctx.Err() == nil {
-		killed, err := runChild(ctx, e, args, &kills, onLine)
-		if err != nil {
-			return err
-		}
-		if !killed {
-			return nil
-		}
-	}
-	return nil
-}
-
+// runChild runs the worker subprocess with args until ctx ends (false) or
+// the soak kills it with SIGKILL (true), which it does when the child reports
+// "tx" (it is inside a transaction) and the kill fault fires.
 func runChild(ctx context.Context, e *env, args []string, kills *int, onLine func(verb, arg string)) (killed bool, err error) {
 	o := e.soak.opts
 	cmd, stdin, stdout, err := startWorker(e, args)

@@ -155,7 +155,9 @@ func runBrokered(newProc processorFactory) func(ctx context.Context, e *env, inp
 		}
 		var supErr error
 		if o.kills > 0 {
-			wg.Go(func() { supErr = supervise(wctx, e, b) })
+			wg.Go(func() {
+				supErr = supervise(wctx, func(kills *int) (bool, error) { return runWorker(wctx, e, b, kills) })
+			})
 		}
 		wg.Go(func() { terminator(wctx, e.soak.admin, e.app, o.terminate, e.faults, e.soak.log) })
 

@@ -26,14 +26,16 @@ const workerWindow = 4
 // worker's stdin; the worker answers on stdout "tx <seq>" from inside the
 // effect's transaction, then "ack <seq>" after the commit or "nack <seq>".
 
-// supervise runs worker subprocesses that consume from b until ctx ends,
-// killing one with SIGKILL inside a transaction at random (at most
-// opts.kills times) and starting a new one; the deliveries the dead worker
-// held go back to the broker.
-func supervise(ctx context.Context, e *env, b *broker) error {
+// supervise runs worker subprocesses until ctx ends: run runs one until ctx
+// ends (it returns false) or the soak killed it with SIGKILL inside a
+// transaction (true; kills counts them, at most opts.kills), and then
+// supervise starts a new one. The brokered transports' workers consume from
+// the soak's broker (runWorker), the external transports' from their own
+// broker or sender (runChild).
+func supervise(ctx context.Context, run func(kills *int) (killed bool, err error)) error {
 	kills := 0
 	for ctx.Err() == nil {
-		killed, err := runWorker(ctx, e, b, &kills)
+		killed, err := run(&kills)
 		if err != nil {
 			return err
 		}
@@ -44,8 +46,9 @@ func supervise(ctx context.Context, e *env, b *broker) error {
 	return nil
 }
 
-// runWorker runs one worker subprocess until ctx ends (it returns false) or
-// the soak kills it (true).
+// runWorker runs one worker subprocess, fed from b, until ctx ends (it
+// returns false) or the soak kills it (true); the deliveries the dead worker
+// held go back to the broker.
 func runWorker(ctx context.Context, e *env, b *broker, kills *int) (killed bool, err error) {
 	o := e.soak.opts
 	cmd, stdin, stdout, err := startWorker(e, nil)
