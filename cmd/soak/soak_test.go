@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 )
 
@@ -45,13 +47,18 @@ func atoi(t *testing.T, m map[string]string, k string) int {
 }
 
 // soak runs the command in-process and returns its exit code and the report
-// lines by transport.
-func runSoak(t *testing.T, args ...string) (int, map[string]map[string]string) {
+// lines by transport. The run keeps its schema (-keep) for checkDatabase,
+// and the test drops it at the end.
+func runSoak(t *testing.T, args ...string) (int, map[string]map[string]string, *keptRun) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	args = append([]string{"-dsn", dbtest.BaseURL(t)}, args...)
+	args = append([]string{"-dsn", dbtest.BaseURL(t), "-keep"}, args...)
 	code := run(context.Background(), args, &stdout, &stderr)
-	t.Logf("soak %s\n%s%s", strings.Join(args[2:], " "), stderr.String(), stdout.String())
+	t.Logf("soak %s\n%s%s", strings.Join(args[3:], " "), stderr.String(), stdout.String())
+	var k *keptRun
+	if m := schemaLine.FindStringSubmatch(stderr.String()); m != nil {
+		k = keepSchema(t, m[1])
+	}
 	lines := map[string]map[string]string{}
 	for _, l := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
 		if l == "" {
@@ -60,14 +67,78 @@ func runSoak(t *testing.T, args ...string) (int, map[string]map[string]string) {
 		f := fields(t, l)
 		lines[f["transport"]] = f
 	}
-	return code, lines
+	return code, lines, k
+}
+
+// schemaLine is the soak's first line on stderr, naming its schema.
+var schemaLine = regexp.MustCompile(`soak: seed=\d+ schema=(soak_[0-9a-f]+) `)
+
+// keepSchema connects to the schema a run kept, for checkDatabase, and drops
+// it when the test ends.
+func keepSchema(t *testing.T, schema string) *keptRun {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dbtest.BaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		if _, err := conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+		_ = conn.Close(ctx)
+	})
+	return &keptRun{schema: schema, conn: conn}
+}
+
+// keptRun is the schema a run kept.
+type keptRun struct {
+	schema string
+	conn   *pgx.Conn
+}
+
+// checkDatabase audits a kept run's schema independently of the soak's own
+// audit and report: the effects of each transport are exactly the unique ids
+// the generator made for n, dup, workers and seed, one each, and no key of
+// any transport is left incomplete.
+func checkDatabase(t *testing.T, k *keptRun, n int, dup float64, workers int, seed uint64, transports ...string) {
+	t.Helper()
+	if k == nil {
+		t.Fatal("the run named no schema")
+	}
+	_, unique := genInputs(n, dup, workers, seed)
+	ids := make([]string, 0, len(unique))
+	for id := range unique {
+		ids = append(ids, id)
+	}
+	ctx := context.Background()
+	tbl := pgx.Identifier{k.schema}.Sanitize()
+	for _, tr := range transports {
+		var total, distinct, foreign int
+		err := k.conn.QueryRow(ctx, `SELECT count(*), count(DISTINCT msg_id), count(*) FILTER (WHERE msg_id <> ALL($2))
+FROM `+tbl+`.soak_effects WHERE transport = $1`, tr, ids).Scan(&total, &distinct, &foreign)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if total != len(unique) || distinct != len(unique) || foreign != 0 {
+			t.Errorf("%s in the database: %d effects of %d distinct ids, %d not an input; want %d of %d, 0",
+				tr, total, distinct, foreign, len(unique), len(unique))
+		}
+	}
+	var incomplete int
+	if err := k.conn.QueryRow(ctx, `SELECT count(*) FROM `+tbl+`.dedupe_inbox WHERE state <> 'complete'`).Scan(&incomplete); err != nil {
+		t.Fatal(err)
+	}
+	if incomplete != 0 {
+		t.Errorf("%d inbox keys not complete", incomplete)
+	}
 }
 
 var lineFormat = regexp.MustCompile(`^transport=\S+ inputs=\d+ unique=\d+ effects=\d+ missing=\d+ duplicated=\d+ faults=\d+ `)
 
 func TestSoakWithFaultsExactlyOneEffectEach(t *testing.T) {
 	t.Parallel()
-	code, lines := runSoak(t, "-n", "800", "-dup", "0.3", "-seed", "42", "-workers", "4",
+	code, lines, db := runSoak(t, "-n", "800", "-dup", "0.3", "-seed", "42", "-workers", "4",
 		"-transports", "handle,leased,batch",
 		"-error-rate", "0.05", "-panic-rate", "0.03", "-redeliver-rate", "0.05",
 		"-kill-rate", "0.25", "-kills", "2", "-abandon-rate", "0.04", "-late-rate", "0.03",
@@ -75,6 +146,7 @@ func TestSoakWithFaultsExactlyOneEffectEach(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit code = %d, want 0", code)
 	}
+	checkDatabase(t, db, 800, 0.3, 4, 42, "handle", "leased", "batch")
 	// Every fault the transport can suffer must have fired at least once, or
 	// the run proved less than it claims.
 	want := map[string][]string{
@@ -103,7 +175,7 @@ func TestSoakWithFaultsExactlyOneEffectEach(t *testing.T) {
 
 func TestSoakExternalTransportsWithFaults(t *testing.T) {
 	t.Parallel()
-	code, lines := runSoak(t, "-n", "400", "-dup", "0.3", "-seed", "43", "-workers", "3",
+	code, lines, db := runSoak(t, "-n", "400", "-dup", "0.3", "-seed", "43", "-workers", "3",
 		"-transports", "nats,kafka,kafka-batch,webhook,httpidem,outbox",
 		"-error-rate", "0.05", "-panic-rate", "0.03", "-redeliver-rate", "0.05",
 		"-kill-rate", "0.3", "-kills", "1", "-restart-every", "400ms",
@@ -111,6 +183,7 @@ func TestSoakExternalTransportsWithFaults(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit code = %d, want 0", code)
 	}
+	checkDatabase(t, db, 400, 0.3, 3, 43, "nats", "kafka", "kafka-batch", "webhook", "httpidem", "outbox")
 	want := map[string][]string{
 		"nats":        {"errors", "panics", "killed", "stopped"},
 		"kafka":       {"errors", "panics", "killed", "stopped"},
@@ -127,7 +200,7 @@ func TestSoakExternalTransportsWithFaults(t *testing.T) {
 			t.Fatalf("no report line for %s", tr)
 		}
 		if f["result"] != "ok" || atoi(t, f, "missing") != 0 || atoi(t, f, "duplicated") != 0 ||
-			atoi(t, f, "stuck") != 0 || atoi(t, f, "effects") != atoi(t, f, "unique") {
+			atoi(t, f, "stuck") != 0 || atoi(t, f, "effects") != atoi(t, f, "unique") || atoi(t, f, "inputs") != 400 {
 			t.Errorf("%s: %v", tr, f)
 		}
 		for _, k := range kinds {
@@ -142,7 +215,7 @@ func TestSoakExternalTransportsWithFaults(t *testing.T) {
 // writes effects without claiming keys duplicates them, and the soak says so.
 func TestSoakCatchesNaiveConsumer(t *testing.T) {
 	t.Parallel()
-	code, lines := runSoak(t, "-n", "300", "-dup", "0.3", "-seed", "7", "-transports", "naive",
+	code, lines, _ := runSoak(t, "-n", "300", "-dup", "0.3", "-seed", "7", "-transports", "naive",
 		"-kills", "0", "-terminate-every", "0", "-timeout", "30s")
 	if code != exitMismatch {
 		t.Fatalf("exit code = %d, want %d", code, exitMismatch)
