@@ -258,3 +258,46 @@ func TestSoakRefusesBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestAuditCountsEveryMismatch proves that each count of the audit can fail,
+// not only "duplicated" (TestSoakCatchesNaiveConsumer): effects written by
+// hand leave one input missing, one duplicated and one unknown, and a key
+// stuck in flight past its lease, and the report says MISMATCH.
+func TestAuditCountsEveryMismatch(t *testing.T) {
+	t.Parallel()
+	var stderr bytes.Buffer
+	opts, err := parseOptions([]string{"-dsn", dbtest.BaseURL(t), "-n", "5", "-dup", "0", "-transports", "handle"}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	s, err := newSoak(ctx, opts, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	if len(s.unique) != 5 {
+		t.Fatalf("unique = %d, want 5", len(s.unique))
+	}
+	e := &env{soak: s, name: "audit", scope: "soak-audit"}
+	// m-000000 is missing, m-000001 duplicated, x-1 never an input.
+	for _, id := range []string{"m-000001", "m-000001", "m-000002", "m-000003", "m-000004", "x-1"} {
+		if _, err := s.admin.Exec(ctx, sqlInsertEffect, e.name, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.admin.Exec(ctx, `INSERT INTO dedupe_inbox (scope, key, state, attempts, token, locked_until, created_at, updated_at, expires_at)
+VALUES ($1, 'm-000002', 'in_flight', 1, 1, now() - interval '1 minute', now(), now(), now() + interval '1 day')`, e.scope); err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.audit(ctx, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.effects != 6 || r.missing != 1 || r.duplicated != 1 || r.unknown != 1 || r.stuck != 1 || r.pastLease != 1 || r.ok() {
+		t.Fatalf("audit = %s, want effects=6 missing=1 duplicated=1 unknown=1 stuck=1 expired_leases=1 result=MISMATCH", r)
+	}
+	if !strings.Contains(r.String(), "result=MISMATCH") {
+		t.Fatalf("report line %q does not say MISMATCH", r)
+	}
+}
