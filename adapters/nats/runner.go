@@ -221,8 +221,7 @@ func (r *Runner) Handle(ctx context.Context, msg jetstream.Msg) Event {
 		// raced the cancel, will be absorbed as a duplicate). Never ack.
 		ev.Kind = KindReleased
 		r.release(msg)
-	case outcome == dedupe.OutcomePoisoned, outcome == dedupe.OutcomeConflict,
-		errors.Is(err, dedupe.ErrInvalidKey), errors.Is(err, ErrNoKey):
+	case outcome == dedupe.OutcomePoisoned, outcome == dedupe.OutcomeConflict:
 		r.term(msg, &ev)
 	case outcome == dedupe.OutcomeInFlight:
 		ev.Kind, ev.Delay = KindInFlight, r.cfg.InFlightDelay
