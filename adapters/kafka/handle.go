@@ -43,7 +43,7 @@ func (r *Runner) handleOne(ctx context.Context, msg kafka.Message, failed error)
 		case err == nil:
 			r.stats.handled.Add(1)
 			return true
-		case outcome == dedupe.OutcomePoisoned, outcome == dedupe.OutcomeConflict, errors.Is(err, dedupe.ErrInvalidKey):
+		case outcome == dedupe.OutcomePoisoned, outcome == dedupe.OutcomeConflict:
 			return r.giveUp(ctx, msg, err)
 		}
 		if ctx.Err() != nil {
