@@ -3,6 +3,7 @@ package dedupe
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -22,10 +23,13 @@ type Heartbeat struct {
 // interval (Config.Lease/3 when interval is 0) until Stop is called or ctx
 // ends, for work that may outlast one lease. It does not modify c.
 //
-// When a renewal is refused (the lease expired and another attempt took the
-// key over, or an operator released it), Lost is closed: the work should stop,
-// because its Complete will be refused too. Transient database errors are
-// retried at the next tick; the lease stays valid until LockedUntil.
+// Lost is closed, and Stop returns an error matching ErrLeaseLost, when a
+// renewal is refused (the lease expired and another attempt took the key
+// over, or an operator released it) or when renewals kept failing (the
+// database is unreachable; each attempt is bounded by interval) until less
+// than one interval of the lease is left: past that point another attempt
+// may take the key over. Either way the work should stop, because its
+// Complete will be refused too.
 func (i *Inbox) KeepAlive(ctx context.Context, c *Claim, interval time.Duration) *Heartbeat {
 	if interval <= 0 {
 		interval = i.cfg.Lease / 3
@@ -41,31 +45,45 @@ func (i *Inbox) KeepAlive(ctx context.Context, c *Claim, interval time.Duration)
 		return h
 	}
 	claim := *c // renew a copy: the caller's claim is not written concurrently
+	rctx, cancel := context.WithCancel(ctx)
+	go func() { // Stop cuts a renewal in flight short
+		select {
+		case <-h.stop:
+		case <-h.done:
+		}
+		cancel()
+	}()
 	go func() {
 		defer close(h.done)
 		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {
 			select {
-			case <-ctx.Done():
-				return
-			case <-h.stop:
+			case <-rctx.Done():
 				return
 			case <-t.C:
 			}
-			err := i.Extend(ctx, &claim, 0)
+			actx, acancel := context.WithTimeout(rctx, interval)
+			err := i.Extend(actx, &claim, 0)
+			acancel()
+			if rctx.Err() != nil {
+				return // stopped: not a failed renewal
+			}
 			h.mu.Lock()
 			switch {
 			case err == nil:
 				h.until = claim.LockedUntil
-			case errors.Is(err, ErrLeaseLost):
+			case !errors.Is(err, ErrLeaseLost) && i.cfg.Clock().Add(interval).Before(h.until):
+				i.cfg.Logger.WarnContext(ctx, "dedupe: lease renewal failed; retrying", "scope", claim.Key.Scope,
+					"key", claim.Key.ID, "err", err)
+			default:
+				if !errors.Is(err, ErrLeaseLost) {
+					err = fmt.Errorf("%w: renewals failed until the lease was about to run out: %w", ErrLeaseLost, err)
+				}
 				h.err = err
 				h.mu.Unlock()
 				close(h.lost)
 				return
-			default:
-				i.cfg.Logger.WarnContext(ctx, "dedupe: lease renewal failed; retrying", "scope", claim.Key.Scope,
-					"key", claim.Key.ID, "err", err)
 			}
 			h.mu.Unlock()
 		}

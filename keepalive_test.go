@@ -72,3 +72,36 @@ func TestKeepAliveStopIsClean(t *testing.T) {
 		t.Fatalf("keepalive of a duplicate = %v", err)
 	}
 }
+
+// TestKeepAliveGivesUpBeforeTheLeaseRunsOut: when renewals cannot reach the
+// row (here a lock stalls them, as a lost database would), Lost closes while
+// the lease still holds, before another attempt could take the key over.
+func TestKeepAliveGivesUpBeforeTheLeaseRunsOut(t *testing.T) {
+	t.Parallel()
+	b := setup(t, dedupe.Config{Lease: 900 * time.Millisecond, Clock: time.Now})
+	ctx := context.Background()
+	c, err := b.inbox.Begin(ctx, dedupe.Key{Scope: "jobs", ID: "stalled"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := b.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, "LOCK TABLE dedupe_inbox IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	hb := b.inbox.KeepAlive(ctx, c, 200*time.Millisecond)
+	select {
+	case <-hb.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("stalled renewals never reported the lease as lost")
+	}
+	if time.Now().After(c.LockedUntil) {
+		t.Fatalf("lease reported lost only after it ran out (%v late)", time.Since(c.LockedUntil))
+	}
+	if err := hb.Stop(); !errors.Is(err, dedupe.ErrLeaseLost) {
+		t.Fatalf("stop = %v, want ErrLeaseLost", err)
+	}
+}

@@ -232,10 +232,6 @@ func (r *runner) run(ctx context.Context) int {
 	// until the command has really stopped.
 	hbCtx, cancelHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
 	hb := r.inbox.KeepAlive(hbCtx, r.claim, r.f.heartbeat)
-	// KeepAlive retries a failing renewal for as long as it fails; once the
-	// lease is about to run out, another run may take the key over.
-	expiring := time.NewTimer(time.Until(r.claim.LockedUntil) - r.f.heartbeat)
-	defer expiring.Stop()
 
 	var (
 		lostErr     error
@@ -270,12 +266,6 @@ wait:
 		case <-lost:
 			lost = nil
 			leaseLost(hb.Stop())
-		case <-expiring.C:
-			if left := time.Until(hb.LockedUntil()) - r.f.heartbeat; left > 0 {
-				expiring.Reset(left)
-				continue
-			}
-			leaseLost(fmt.Errorf("%w: renewing failed until the lease was about to run out", dedupe.ErrLeaseLost))
 		case <-stopping:
 			ch.kill()
 			stopping = make(chan time.Time) // never again
