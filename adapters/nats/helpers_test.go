@@ -85,11 +85,7 @@ func setup(t *testing.T, o setupOpts) *bundle {
 // second process would.
 func (b *bundle) conn(t *testing.T) (*nats.Conn, jetstream.Consumer) {
 	t.Helper()
-	nc, err := nats.Connect(b.srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := natstest.Connect(t, b.srv)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
