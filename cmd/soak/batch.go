@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	"github.com/jackc/pgx/v5"
 
@@ -16,7 +15,8 @@ const batchSize = 64
 // runBatch consumes the broker in batches: one transaction claims every key
 // of the batch with dedupe.Inbox.ClaimBatch and writes the effects of the
 // claimed ones in one statement. A fault (handler error, killed connection)
-// rolls the whole batch back and every delivery of it is redelivered.
+// rolls the whole batch back; processBatch then runs each of its messages
+// alone, and the ones that fail again are redelivered.
 func runBatch(ctx context.Context, e *env, inputs []string) error {
 	o := e.soak.opts
 	pool, inbox, err := e.consumerInbox(ctx, int32(o.workers)+1)
@@ -25,42 +25,9 @@ func runBatch(ctx context.Context, e *env, inputs []string) error {
 	}
 	defer pool.Close()
 	b := newBroker(inputs, e.faults, o.redelivery)
-	wctx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	for range o.workers {
-		wg.Go(func() {
-			for {
-				first, ok := b.next(wctx)
-				if !ok {
-					return
-				}
-				ds := []delivery{first}
-				for len(ds) < batchSize {
-					d, ok := b.tryNext()
-					if !ok {
-						break
-					}
-					ds = append(ds, d)
-				}
-				acks := processBatch(wctx, e, inbox, ds)
-				for i, d := range ds {
-					if acks[i] {
-						b.ack(d)
-					} else {
-						b.nack(d)
-					}
-				}
-			}
-		})
-	}
-	wg.Go(func() { terminator(wctx, e.soak.admin, e.app, o.terminate, e.faults, e.soak.log) })
-	err = b.wait(ctx)
-	stop()
-	wg.Wait()
-	if err != nil {
-		return fmt.Errorf("%d deliveries not acknowledged: %w", b.left(), err)
-	}
-	return nil
+	return consumeBroker(ctx, e, b, batchSize, false, func(ctx context.Context, ds []delivery) []bool {
+		return processBatch(ctx, e, inbox, ds)
+	})
 }
 
 // processBatch claims and applies one batch in one transaction. When one

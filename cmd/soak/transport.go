@@ -136,39 +136,62 @@ func runBrokered(newProc processorFactory) func(ctx context.Context, e *env, inp
 			e.inboxless = true
 		}
 
-		wctx, stop := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		for range o.workers {
-			wg.Go(func() {
-				for {
-					d, ok := b.next(wctx)
+		return consumeBroker(ctx, e, b, 1, true, func(ctx context.Context, ds []delivery) []bool {
+			return []bool{proc.process(ctx, ds[0], nil)}
+		})
+	}
+}
+
+// consumeBroker consumes b until every delivery was acknowledged or ctx
+// ends: -workers goroutines each take up to batch deliveries at a time and
+// settle each as process says (true: ack), while the terminator kills their
+// connections and, with subprocess (and -kills), a worker subprocess that is
+// killed and restarted consumes too.
+func consumeBroker(ctx context.Context, e *env, b *broker, batch int, subprocess bool,
+	process func(ctx context.Context, ds []delivery) (acks []bool)) error {
+	o := e.soak.opts
+	wctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for range o.workers {
+		wg.Go(func() {
+			for {
+				first, ok := b.next(wctx)
+				if !ok {
+					return
+				}
+				ds := []delivery{first}
+				for len(ds) < batch {
+					d, ok := b.tryNext()
 					if !ok {
-						return
+						break
 					}
-					if proc.process(wctx, d, nil) {
-						b.ack(d)
+					ds = append(ds, d)
+				}
+				for i, ack := range process(wctx, ds) {
+					if ack {
+						b.ack(ds[i])
 					} else {
-						b.nack(d)
+						b.nack(ds[i])
 					}
 				}
-			})
-		}
-		var supErr error
-		if o.kills > 0 {
-			wg.Go(func() {
-				supErr = supervise(wctx, func(kills *int) (bool, error) { return runWorker(wctx, e, b, kills) })
-			})
-		}
-		wg.Go(func() { terminator(wctx, e.soak.admin, e.app, o.terminate, e.faults, e.soak.log) })
-
-		err = b.wait(ctx)
-		stop()
-		wg.Wait()
-		if err != nil {
-			return fmt.Errorf("%d deliveries not acknowledged: %w", b.left(), err)
-		}
-		return supErr
+			}
+		})
 	}
+	var supErr error
+	if subprocess && o.kills > 0 {
+		wg.Go(func() {
+			supErr = supervise(wctx, func(kills *int) (bool, error) { return runWorker(wctx, e, b, kills) })
+		})
+	}
+	wg.Go(func() { terminator(wctx, e.soak.admin, e.app, o.terminate, e.faults, e.soak.log) })
+
+	err := b.wait(ctx)
+	stop()
+	wg.Wait()
+	if err != nil {
+		return fmt.Errorf("%d deliveries not acknowledged: %w", b.left(), err)
+	}
+	return supErr
 }
 
 // errUnexpected marks outcomes that must not happen in a soak.
