@@ -42,3 +42,27 @@ func (i *Inbox) PurgeProgress(ctx context.Context, olderThan time.Duration, prog
 		}
 	}
 }
+
+// RunPurger calls Purge(ctx, 0) every interval (Config.Retention/24 when
+// interval is 0, at least a second) until ctx ends, logging what it deleted
+// and any failure, and returns ctx's error. Run it in one goroutine per
+// process: concurrent purgers skip each other's rows.
+func (i *Inbox) RunPurger(ctx context.Context, interval time.Duration) error {
+	if interval <= 0 {
+		interval = max(i.cfg.Retention/24, time.Second)
+	}
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	for {
+		if n, err := i.Purge(ctx, 0); err != nil && ctx.Err() == nil {
+			i.cfg.Logger.ErrorContext(ctx, "dedupe: purge failed", "err", err)
+		} else if n > 0 {
+			i.cfg.Logger.InfoContext(ctx, "dedupe: purged expired keys", "count", n)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ticker.C:
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
 )
 
 func TestPurgeRemovesOnlyExpired(t *testing.T) {
@@ -101,5 +102,33 @@ func TestPurgeUsesExpiryIndex(t *testing.T) {
 	}
 	if !strings.Contains(plan.String(), "dedupe_inbox_expires_at_idx") || strings.Contains(plan.String(), "Seq Scan") {
 		t.Fatalf("purge does not walk the expiry index:\n%s", plan.String())
+	}
+}
+
+func TestRunPurgerPurgesUntilCancelled(t *testing.T) {
+	t.Parallel()
+	b := setup(t, dedupe.Config{Retention: time.Hour, Lease: time.Minute})
+	ctx, cancel := context.WithCancel(context.Background())
+	c, err := b.inbox.Begin(ctx, dedupe.Key{Scope: "s", ID: "old"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.inbox.Complete(ctx, c, dedupe.Result{}); err != nil {
+		t.Fatal(err)
+	}
+	b.clock.Advance(2 * time.Hour)
+	done := make(chan error, 1)
+	go func() { done <- b.inbox.RunPurger(ctx, 10*time.Millisecond) }()
+	dbtest.WaitFor(t, 5*time.Second, "the expired key purged", func() bool {
+		return b.db.Count(t, "SELECT count(*) FROM dedupe_inbox") == 0
+	})
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("RunPurger returned %v, want context.Canceled", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("RunPurger did not stop")
 	}
 }

@@ -19,21 +19,5 @@ func (m *Middleware) Purge(ctx context.Context) (int64, error) {
 // returns ctx's error. Run it in one goroutine per process (or per
 // deployment: concurrent purgers skip each other's rows).
 func (m *Middleware) RunPurger(ctx context.Context, interval time.Duration) error {
-	if interval <= 0 {
-		interval = max(m.cfg.Inbox.Retention/24, time.Second)
-	}
-	ticker := time.NewTicker(interval)
-	defer ticker.Stop()
-	for {
-		if n, err := m.Purge(ctx); err != nil && ctx.Err() == nil {
-			m.cfg.Logger.ErrorContext(ctx, "httpidem: purge failed", "err", err)
-		} else if n > 0 {
-			m.cfg.Logger.InfoContext(ctx, "httpidem: purged expired keys", "count", n)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-ticker.C:
-		}
-	}
+	return m.inbox.RunPurger(ctx, interval)
 }

@@ -3,9 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -134,34 +134,25 @@ func run(ctx context.Context, cfg config) error {
 	// Expired keys are purged now and then; progress is logged every minute.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		purge := time.NewTicker(cfg.PurgeEvery)
-		defer purge.Stop()
+	var background sync.WaitGroup
+	background.Go(func() { _ = inbox.RunPurger(ctx, cfg.PurgeEvery) })
+	background.Go(func() {
 		report := time.NewTicker(time.Minute)
 		defer report.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case <-purge.C:
-				n, err := inbox.Purge(ctx, 0)
-				if err != nil && !errors.Is(err, context.Canceled) {
-					log.Warn("purge", "err", err)
-				} else if n > 0 {
-					log.Info("purged expired keys", "deleted", n)
-				}
 			case <-report.C:
 				log.Info("progress", "stats", runner.Stats())
 			}
 		}
-	}()
+	})
 	log.Info("kafka-consumer started", "brokers", cfg.Brokers, "topic", cfg.Topic, "group", cfg.Group,
 		"batch", cfg.BatchSize, "dead_letter", cfg.DLQTopic)
 	err = runner.Run(ctx)
 	cancel()
-	<-done
+	background.Wait()
 	s := runner.Stats()
 	log.Info("kafka-consumer stopped", "booked", s.Handled, "duplicates", s.Duplicates,
 		"dead_lettered", s.DeadLettered, "given_up", s.GivenUp, "batches", s.Batches, "fallbacks", s.Fallbacks)

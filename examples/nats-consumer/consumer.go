@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -123,21 +122,7 @@ func run(ctx context.Context, cfg config) error {
 	purged := make(chan struct{})
 	go func() {
 		defer close(purged)
-		t := time.NewTicker(cfg.PurgeEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-purgeCtx.Done():
-				return
-			case <-t.C:
-				n, err := inbox.Purge(purgeCtx, 0)
-				if err != nil && !errors.Is(err, context.Canceled) {
-					log.Warn("purge", "err", err)
-				} else if n > 0 {
-					log.Info("purged expired keys", "deleted", n)
-				}
-			}
-		}
+		_ = inbox.RunPurger(purgeCtx, cfg.PurgeEvery)
 	}()
 	defer func() {
 		stopPurge()
