@@ -546,3 +546,55 @@ func TestBatchModeUsesRunnerMaxAttempts(t *testing.T) {
 		t.Fatalf("want one fallback and one message given up: %+v", s)
 	}
 }
+
+// A member stopped while its handler is inside the transaction commits
+// neither the effects nor the offset (and counts no attempt); the next member
+// handles every message once.
+func TestStoppedMidHandlerCommitsNoOffset(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []int{1, 5} {
+		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 1)
+			b.produce(t, numbered(5, "s-%d", nil)...)
+			cfg := dedupekafka.Config{BatchSize: batch, Linger: 100 * time.Millisecond}
+			started := make(chan struct{}, 1)
+			m1 := b.start(t, cfg, func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
+				if err := insertEffect(ctx, tx, m); err != nil {
+					return err
+				}
+				select {
+				case started <- struct{}{}:
+				default:
+				}
+				<-ctx.Done() // stuck until the member is stopped
+				return ctx.Err()
+			})
+			select {
+			case <-started:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the handler never started")
+			}
+			if err := m1.stop(t); err != nil {
+				t.Fatalf("stop: %v", err)
+			}
+			if n := b.effects(t); n != 0 {
+				t.Fatalf("effects after the stop = %d, want 0 (rolled back)", n)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if lag, err := groupLag(ctx, b.brokers, b.group, b.topic); err != nil || lag != 5 {
+				t.Fatalf("lag after the stop = %d, %v; want 5 (no offset committed)", lag, err)
+			}
+			if n := b.db.Count(t, "SELECT count(*) FROM dedupe_inbox"); n != 0 {
+				t.Fatalf("inbox rows after the stop = %d, want 0 (a shutdown is not a failed attempt)", n)
+			}
+			m2 := b.start(t, cfg, insertEffect)
+			b.waitDrained(t, 30*time.Second)
+			b.wantEffects(t, 5)
+			if s := m2.runner.Stats(); s.Handled != 5 || s.Duplicates != 0 || s.Retries != 0 {
+				t.Fatalf("second member: want 5 handled, no duplicate, no retry: %+v", s)
+			}
+		})
+	}
+}
