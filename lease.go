@@ -123,6 +123,27 @@ func (i *Inbox) Release(ctx context.Context, key Key) error {
 	return nil
 }
 
+// ReleaseIdle is Release that refuses, with ErrInFlight, a key whose lease
+// is live: the check and the delete are one statement, so an attempt that
+// takes the key over in between is never cut off. It returns ErrNotFound
+// when there was no such key.
+func (i *Inbox) ReleaseIdle(ctx context.Context, key Key) error {
+	if err := key.Validate(); err != nil {
+		return err
+	}
+	tag, err := i.db.Exec(ctx, i.q.releaseIdle, key.Scope, key.ID, i.cfg.Clock())
+	if err != nil {
+		return translate(err)
+	}
+	if tag.RowsAffected() > 0 {
+		return nil
+	}
+	if _, err := i.Lookup(ctx, key); err != nil {
+		return err // ErrNotFound, or the database failed
+	}
+	return fmt.Errorf("%w: %s is held by a live lease", ErrInFlight, key)
+}
+
 // mustHold refuses op on a claim this attempt does not hold.
 func mustHold(c *Claim, op string) error {
 	if c == nil || c.Outcome != OutcomeClaimed {

@@ -243,3 +243,26 @@ func TestStatsCountsByScopeAndState(t *testing.T) {
 		t.Fatalf("stats = %+v", st)
 	}
 }
+
+func TestReleaseIdleRefusesALiveLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	key := dedupe.Key{Scope: "api", ID: "k8"}
+	if _, err := b.inbox.Begin(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.inbox.ReleaseIdle(ctx, key); !errors.Is(err, dedupe.ErrInFlight) {
+		t.Fatalf("release of a live lease = %v, want ErrInFlight", err)
+	}
+	if _, err := b.inbox.Lookup(ctx, key); err != nil {
+		t.Fatalf("the live key is gone: %v", err)
+	}
+	b.clock.Advance(dedupe.DefaultLease + time.Second)
+	if err := b.inbox.ReleaseIdle(ctx, key); err != nil {
+		t.Fatalf("release after the lease = %v", err)
+	}
+	if err := b.inbox.ReleaseIdle(ctx, key); !errors.Is(err, dedupe.ErrNotFound) {
+		t.Fatalf("release of an absent key = %v, want ErrNotFound", err)
+	}
+}

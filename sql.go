@@ -129,6 +129,11 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'`
 // sqlRelease deletes a key so that it can be claimed afresh. $1 scope, $2 key.
 const sqlRelease = `DELETE FROM {{inbox}} WHERE scope = $1 AND key = $2`
 
+// sqlReleaseIdle is sqlRelease that leaves a key in a live lease alone, in
+// the same statement. $1 scope, $2 key, $3 now.
+const sqlReleaseIdle = `DELETE FROM {{inbox}} WHERE scope = $1 AND key = $2
+  AND NOT (state = 'in_flight' AND locked_until > $3)`
+
 // sqlPurge deletes one bounded batch of expired keys, never one in a live
 // lease. It walks the expires_at index and skips rows locked by others, so it
 // neither scans the table nor waits on consumers. $1 cutoff, $2 now, $3 limit.
@@ -149,7 +154,7 @@ FROM {{inbox}} GROUP BY scope, state ORDER BY scope, state`
 // queries holds the SQL of one Inbox with its table name filled in.
 type queries struct {
 	claimInsert, claim, claimBatch, lookup, lookupBatch, recordFailure, storeResult string
-	complete, fail, extend, release, purge, stats                                   string
+	complete, fail, extend, release, releaseIdle, purge, stats                      string
 }
 
 func newQueries(table string) queries {
@@ -166,6 +171,7 @@ func newQueries(table string) queries {
 		fail:          r.Replace(sqlFail),
 		extend:        r.Replace(sqlExtend),
 		release:       r.Replace(sqlRelease),
+		releaseIdle:   r.Replace(sqlReleaseIdle),
 		purge:         r.Replace(sqlPurge),
 		stats:         r.Replace(sqlStats),
 	}

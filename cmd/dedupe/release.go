@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -63,11 +64,14 @@ func runRelease(ctx context.Context, c *cli, opts any, args []string) int {
 		}
 		return c.fail("release", usagef("not released: pass --yes to release %s", key))
 	}
-	if shown.Lease == "live" && !r.force {
+	release := inbox.ReleaseIdle // refuses a live lease in the same statement
+	if r.force {
+		release = inbox.Release
+	}
+	if err := release(ctx, key); errors.Is(err, dedupe.ErrInFlight) {
 		return c.fail("release", fmt.Errorf("%w: %s is held by a running attempt for %s more; pass --force to release it anyway",
 			dedupe.ErrInFlight, key, shown.LeaseRemaining))
-	}
-	if err := inbox.Release(ctx, key); err != nil {
+	} else if err != nil {
 		return c.fail("release", err)
 	}
 	c.emit(c.stdout, map[string]any{"released": true, "previous": shown}, func(w io.Writer) {
