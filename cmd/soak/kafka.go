@@ -151,15 +151,7 @@ func kafkaChild(ctx context.Context, e *env, fl *childFlags, say func(verb, arg 
 	}
 	defer pool.Close()
 	return runKafkaMember(ctx, inbox, strings.Split(fl.kafkaBrokers, ","), e.scope, fl.kafkaBatch,
-		func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
-			id := dedupe.ClaimFromContext(ctx).Key.ID
-			if err := effect(ctx, tx, e.name, id); err != nil {
-				return err
-			}
-			say("tx", id)
-			time.Sleep(inTxPause)
-			return nil
-		})
+		childHandler[kafka.Message](e, say))
 }
 
 // kafkaLag returns how many produced messages the group has not committed,

@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -163,15 +162,7 @@ func natsChild(ctx context.Context, e *env, fl *childFlags, say func(verb, arg s
 		return err
 	}
 	defer pool.Close()
-	r, err := dedupenats.New(inbox, cons, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
-		id := dedupe.ClaimFromContext(ctx).Key.ID
-		if err := effect(ctx, tx, e.name, id); err != nil {
-			return err
-		}
-		say("tx", id)
-		time.Sleep(inTxPause)
-		return nil
-	}, natsConfig(e.scope, 2))
+	r, err := dedupenats.New(inbox, cons, childHandler[jetstream.Msg](e, say), natsConfig(e.scope, 2))
 	if err != nil {
 		return err
 	}

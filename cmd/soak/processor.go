@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -206,6 +207,21 @@ func faultyHandler[M any](e *env, observe func(M)) dedupe.HandlerFunc[M] {
 		case e.faults.hit(faultPanic):
 			panic("soak: injected panic")
 		}
+		return nil
+	}
+}
+
+// childHandler is the handler of an external transport's worker subprocess:
+// it writes the claimed key's effect, then reports "tx" and lingers, the
+// window in which the soak kills it.
+func childHandler[M any](e *env, say func(verb, arg string)) dedupe.HandlerFunc[M] {
+	return func(ctx context.Context, tx pgx.Tx, _ M) error {
+		id := dedupe.ClaimFromContext(ctx).Key.ID
+		if err := effect(ctx, tx, e.name, id); err != nil {
+			return err
+		}
+		say("tx", id)
+		time.Sleep(inTxPause)
 		return nil
 	}
 }

@@ -15,7 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/dedupe"
@@ -225,14 +224,7 @@ func webhookChild(ctx context.Context, e *env, fl *childFlags, say func(verb, ar
 		return err
 	}
 	defer pool.Close()
-	h, err := newWebhookHandler(inbox, e, func(ctx context.Context, tx pgx.Tx, ev webhook.Event) error {
-		if err := effect(ctx, tx, e.name, ev.ID); err != nil {
-			return err
-		}
-		say("tx", ev.ID)
-		time.Sleep(inTxPause)
-		return nil
-	})
+	h, err := newWebhookHandler(inbox, e, childHandler[webhook.Event](e, say))
 	if err != nil {
 		return err
 	}

@@ -226,7 +226,7 @@ func workerMain(ctx context.Context, args []string, stdin io.Reader, stdout, std
 			for d := range lines {
 				ok := proc.process(ctx, d, func() {
 					say("tx", d.seq)
-					time.Sleep(2 * time.Millisecond) // the window in which the soak kills
+					time.Sleep(inTxPause) // the window in which the soak kills
 				})
 				if ok {
 					say("ack", d.seq)
