@@ -69,9 +69,7 @@ func BenchmarkPipeline(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	rctx, stopRunner := context.WithCancel(ctx)
-	runnerStopped := make(chan error, 1)
-	go func() { runnerStopped <- r.Run(rctx) }()
+	stopRunner := dbtest.Background(b, "runner", r.Run)
 
 	// The hand-written equivalent.
 	var handDone atomic.Int64
@@ -79,9 +77,6 @@ func BenchmarkPipeline(b *testing.B) {
 
 	defer func() {
 		stopRunner()
-		if err := <-runnerStopped; err != nil {
-			b.Error(err)
-		}
 		stopHand()
 	}()
 

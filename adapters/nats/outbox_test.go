@@ -402,10 +402,7 @@ func BenchmarkOutboxRelay(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		rctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- relay.Run(rctx) }()
-		defer func() { cancel(); <-done }()
+		defer dbtest.Background(b, "relay", relay.Run)()
 		time.Sleep(50 * time.Millisecond) // LISTEN established
 		b.ResetTimer()
 		start := time.Now()
