@@ -50,6 +50,17 @@ func (b *bench) kafkaTopic(ctx context.Context, partitions int) (brokers []strin
 	return brokers, c.Close, nil
 }
 
+// kafkaRow starts the row's cluster with its messages (kafkaTopic) and a
+// timed reader of the bench group on it; cleanup closes both.
+func (b *bench) kafkaRow(ctx context.Context, partitions int) (r *timedReader, cleanup func(), err error) {
+	brokers, stopCluster, err := b.kafkaTopic(ctx, partitions)
+	if err != nil {
+		return nil, nil, err
+	}
+	r = &timedReader{Reader: newBenchReader(brokers), fetched: map[[2]int64]time.Time{}}
+	return r, func() { _ = r.Close(); stopCluster() }, nil
+}
+
 func newBenchReader(brokers []string) *kafka.Reader {
 	return kafka.NewReader(kafka.ReaderConfig{
 		Brokers: brokers, GroupID: benchGroup, Topic: benchTopic, StartOffset: kafka.FirstOffset,
@@ -100,14 +111,13 @@ func (r *timedReader) CommitMessages(ctx context.Context, msgs ...kafka.Message)
 // per partition running claim + effect in a transaction, then
 // CommitMessages.
 func (b *bench) kafkaHand(ctx context.Context, _ jetstream.JetStream, _, w int) (*result, error) {
-	brokers, cleanup, err := b.kafkaTopic(ctx, w)
+	r, cleanup, err := b.kafkaRow(ctx, w)
 	if err != nil {
 		return nil, err
 	}
 	defer cleanup()
 	n := b.opts.transportMsgs
 	start := time.Now()
-	r := &timedReader{Reader: newBenchReader(brokers), fetched: map[[2]int64]time.Time{}}
 	rctx, stop := context.WithCancel(ctx)
 	parts := make([]chan kafka.Message, w)
 	var wg sync.WaitGroup
@@ -146,7 +156,6 @@ func (b *bench) kafkaHand(ctx context.Context, _ jetstream.JetStream, _, w int) 
 	elapsed := time.Since(start)
 	stop()
 	wg.Wait()
-	_ = r.Close()
 	if err == nil {
 		err = firstErr
 	}
@@ -158,21 +167,19 @@ func (b *bench) kafkaHand(ctx context.Context, _ jetstream.JetStream, _, w int) 
 
 // kafkaRunner drains the same messages with dedupekafka.Runner.
 func (b *bench) kafkaRunner(ctx context.Context, _ jetstream.JetStream, _, w int) (*result, error) {
-	brokers, cleanup, err := b.kafkaTopic(ctx, w)
+	r, cleanup, err := b.kafkaRow(ctx, w)
 	if err != nil {
 		return nil, err
 	}
 	defer cleanup()
 	n := b.opts.transportMsgs
 	start := time.Now()
-	r := &timedReader{Reader: newBenchReader(brokers), fetched: map[[2]int64]time.Time{}}
 	run, err := dedupekafka.New(b.inbox, r, dedupekafka.Config{Scope: "kafka-runner"},
 		func(ctx context.Context, tx pgx.Tx, _ kafka.Message) error {
 			_, err := tx.Exec(ctx, sqlEffect, dedupe.ClaimFromContext(ctx).Key.ID, body)
 			return err
 		})
 	if err != nil {
-		_ = r.Close()
 		return nil, err
 	}
 	rctx, stop := context.WithCancel(ctx)
@@ -184,7 +191,6 @@ func (b *bench) kafkaRunner(ctx context.Context, _ jetstream.JetStream, _, w int
 	if rerr := <-done; err == nil && rerr != nil && !errors.Is(rerr, context.Canceled) {
 		err = rerr
 	}
-	_ = r.Close()
 	if err != nil {
 		return nil, err
 	}
