@@ -45,8 +45,9 @@ import (
 // group's offset back, which causes redeliveries that the inbox absorbs.
 //
 // In batch mode with a per-message HandlerFunc, Claim.SetResult is not
-// stored (the core has no exported call to store a result inside a
-// transactional claim's transaction); per-message mode stores it.
+// stored (the runner cannot read the claim's pending result); per-message
+// mode stores it. In either mode a handler can store a result itself with
+// Inbox.StoreResultTx(ctx, tx, dedupe.ClaimFromContext(ctx), result).
 type Runner struct {
 	inbox    *dedupe.Inbox
 	reader   Reader

@@ -598,3 +598,33 @@ func TestStoppedMidHandlerCommitsNoOffset(t *testing.T) {
 		})
 	}
 }
+
+// In batch mode a handler stores its message's result with
+// Inbox.StoreResultTx in the batch transaction; a duplicate's key then has it.
+func TestBatchHandlerStoresResultTx(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	b.produce(t, numbered(5, "r-%d", nil)...)
+	m := b.start(t, dedupekafka.Config{BatchSize: 5, Linger: 100 * time.Millisecond}, func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
+		if err := insertEffect(ctx, tx, m); err != nil {
+			return err
+		}
+		c := dedupe.ClaimFromContext(ctx)
+		return b.inbox.StoreResultTx(ctx, tx, c, dedupe.Result{Status: 200, Body: []byte("done " + c.Key.ID)})
+	})
+	b.waitDrained(t, 30*time.Second)
+	b.wantEffects(t, 5)
+	if s := m.runner.Stats(); s.Batches == 0 {
+		t.Fatalf("no batch transaction: %+v", s)
+	}
+	for n := range 5 {
+		id := fmt.Sprintf("r-%d", n)
+		rec, err := b.inbox.Lookup(context.Background(), dedupe.Key{Scope: b.group, ID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.State != dedupe.StateComplete || rec.Result == nil || rec.Result.Status != 200 || string(rec.Result.Body) != "done "+id {
+			t.Fatalf("%s: state %s, result %+v; want complete with its stored result", id, rec.State, rec.Result)
+		}
+	}
+}
