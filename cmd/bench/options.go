@@ -5,16 +5,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
-)
 
-// localDSN is where the benchmark looks when neither -dsn nor DATABASE_URL
-// is set.
-const localDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	"github.com/exactlyonce/dedupe/internal/scratch"
+)
 
 // options are the benchmark's flags.
 type options struct {
@@ -41,7 +38,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var workers, rows, only string
-	fs.StringVar(&o.dsn, "dsn", "", "PostgreSQL connection string (defaults to $DATABASE_URL, else "+localDSN+")")
+	fs.StringVar(&o.dsn, "dsn", "", "PostgreSQL connection string (defaults to $DATABASE_URL, else "+scratch.LocalDSN+")")
 	fs.StringVar(&workers, "workers", "1,8,32", "comma-separated worker counts")
 	fs.DurationVar(&o.duration, "duration", 2*time.Second, "measured time per row")
 	fs.DurationVar(&o.warmup, "warmup", 200*time.Millisecond, "unmeasured warm-up per row")
@@ -62,12 +59,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if o.dsn == "" {
-		o.dsn = os.Getenv("DATABASE_URL")
-	}
-	if o.dsn == "" {
-		o.dsn = localDSN
-	}
+	o.dsn = scratch.DSN(o.dsn)
 	for _, w := range strings.Split(workers, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(w))
 		if err != nil || n < 1 || n > 256 {

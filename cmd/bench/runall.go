@@ -3,8 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"slices"
@@ -15,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/internal/scratch"
 )
 
 // report is everything one run measured.
@@ -32,9 +31,7 @@ type report struct {
 // runAll sets up a private schema, measures every section and drops the
 // schema.
 func runAll(ctx context.Context, o *options, log io.Writer) (*report, error) {
-	var b [6]byte
-	_, _ = crand.Read(b[:])
-	schema := "bench_" + hex.EncodeToString(b[:])
+	schema := scratch.Name("bench")
 	maxW := o.sizeWorkers
 	for _, w := range o.workers {
 		maxW = max(maxW, w)
@@ -52,13 +49,13 @@ func runAll(ctx context.Context, o *options, log io.Writer) (*report, error) {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
 	defer admin.Close(context.WithoutCancel(ctx))
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+	if err := scratch.Create(ctx, admin, schema); err != nil {
 		return nil, fmt.Errorf("create schema: %w", err)
 	}
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		if _, err := admin.Exec(dctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+		if err := scratch.Drop(dctx, admin, schema); err != nil {
 			fmt.Fprintf(log, "bench: drop schema %s: %v\n", schema, err)
 		}
 	}()

@@ -5,14 +5,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strings"
 	"time"
-)
 
-// localDSN is where the soak looks when neither -dsn nor DATABASE_URL is set.
-const localDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	"github.com/exactlyonce/dedupe/internal/scratch"
+)
 
 // options are the soak's flags.
 type options struct {
@@ -44,7 +42,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&transports, "transports", strings.Join(defaultTransports(), ","),
 		"comma-separated transports to soak, of: "+strings.Join(knownTransports(), ", "))
 	fs.IntVar(&o.workers, "workers", 4, "concurrent in-process consumers per transport")
-	fs.StringVar(&o.dsn, "dsn", "", "PostgreSQL connection string (defaults to $DATABASE_URL, else "+localDSN+")")
+	fs.StringVar(&o.dsn, "dsn", "", "PostgreSQL connection string (defaults to $DATABASE_URL, else "+scratch.LocalDSN+")")
 	fs.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "random seed (printed, so a failing run can be repeated)")
 	fs.Float64Var(&o.rates[faultError], "error-rate", 0.03, "probability that a handler returns an error after writing its effect")
 	fs.Float64Var(&o.rates[faultPanic], "panic-rate", 0.01, "probability that a handler panics after writing its effect")
@@ -66,12 +64,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if o.dsn == "" {
-		o.dsn = os.Getenv("DATABASE_URL")
-	}
-	if o.dsn == "" {
-		o.dsn = localDSN
-	}
+	o.dsn = scratch.DSN(o.dsn)
 	for _, t := range strings.Split(transports, ",") {
 		t = strings.TrimSpace(t)
 		if t == "" {

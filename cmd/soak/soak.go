@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -12,10 +10,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/internal/scratch"
 )
 
 // soak is one run: a private schema and the generated inputs.
@@ -38,16 +36,14 @@ func newSoak(parent context.Context, opts *options, stderr io.Writer) (*soak, er
 	s := &soak{opts: opts, log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))}
 	s.ctx, s.cancel = context.WithTimeout(parent, opts.timeout)
 
-	var b [6]byte
-	_, _ = crand.Read(b[:])
-	s.schema = "soak_" + hex.EncodeToString(b[:])
+	s.schema = scratch.Name("soak")
 	admin, err := s.pool(s.ctx, s.appName("admin"), 3)
 	if err != nil {
 		s.cancel()
 		return nil, err
 	}
 	s.admin = admin
-	if _, err := admin.Exec(s.ctx, "CREATE SCHEMA "+pgx.Identifier{s.schema}.Sanitize()); err != nil {
+	if err := scratch.Create(s.ctx, admin, s.schema); err != nil {
 		s.close()
 		return nil, fmt.Errorf("create schema: %w", err)
 	}
@@ -121,7 +117,7 @@ func (s *soak) close() {
 	defer cancel()
 	// Connections of killed subprocesses may linger a moment.
 	_, _ = s.admin.Exec(ctx, sqlTerminateRun, s.appName("")+"%", s.appName("admin"))
-	if _, err := s.admin.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{s.schema}.Sanitize()+" CASCADE"); err != nil {
+	if err := scratch.Drop(ctx, s.admin, s.schema); err != nil {
 		s.log.Error("soak: drop schema", "schema", s.schema, "err", err)
 	}
 }

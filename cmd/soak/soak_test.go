@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/dedupe/internal/dbtest"
+	"github.com/exactlyonce/dedupe/internal/scratch"
 )
 
 func TestMain(m *testing.M) {
@@ -83,7 +84,7 @@ func keepSchema(t *testing.T, schema string) *keptRun {
 	}
 	t.Cleanup(func() {
 		ctx := context.Background()
-		if _, err := conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		if err := scratch.Drop(ctx, conn, schema); err != nil {
 			t.Errorf("drop schema %s: %v", schema, err)
 		}
 		_ = conn.Close(ctx)

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/exactlyonce/dedupe/internal/scratch"
 )
 
 // workerEnv, when set, makes the soak's binary run as a worker subprocess.
@@ -172,7 +174,7 @@ func workerMain(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	fs.SetOutput(stderr)
 	o := &options{}
 	var schema, name, app string
-	fs.StringVar(&o.dsn, "dsn", localDSN, "PostgreSQL connection string")
+	fs.StringVar(&o.dsn, "dsn", scratch.LocalDSN, "PostgreSQL connection string")
 	fs.StringVar(&schema, "schema", "", "the soak's schema")
 	fs.StringVar(&name, "transport", "handle", "the transport whose processor to run")
 	fs.StringVar(&app, "app", "dedupe-soak-worker", "application_name of the connections")
