@@ -68,13 +68,27 @@ func TestOutboxRefusals(t *testing.T) {
 			return err
 		},
 	}
-	for name, call := range relays {
+	assertConfigErrors(t, relays, map[string]string{
+		"nil outbox": "outbox", "nil publisher": "publisher", "negative BatchSize": "BatchSize",
+		"MaxBackoff < MinBackoff": "MaxBackoff",
+	})
+	e.assertNothingWritten(t)
+}
+
+// assertConfigErrors fails unless each case returns a *dedupe.ConfigError
+// (matching ErrInvalidConfig) that names the field fields gives for it.
+func assertConfigErrors(t *testing.T, cases map[string]func() error, fields map[string]string) {
+	t.Helper()
+	for name, call := range cases {
+		want, ok := fields[name]
+		if !ok {
+			t.Fatalf("%s: no field given for the case", name)
+		}
 		var ce *dedupe.ConfigError
-		if err := call(); !errors.Is(err, dedupe.ErrInvalidConfig) || !errors.As(err, &ce) {
-			t.Errorf("NewRelay with %s: err = %v, want a *ConfigError", name, err)
+		if err := call(); !errors.Is(err, dedupe.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != want {
+			t.Errorf("%s: err = %v, want a *dedupe.ConfigError for field %q", name, err, want)
 		}
 	}
-	e.assertNothingWritten(t)
 }
 
 type publisherFunc func(ctx context.Context, msgs []*dedupe.OutboxMessage) []error
@@ -136,12 +150,13 @@ func TestKafkaAdapterRefusals(t *testing.T) {
 			return err
 		},
 	}
-	for name, call := range cases {
-		var ce *dedupe.ConfigError
-		if err := call(); !errors.Is(err, dedupe.ErrInvalidConfig) || !errors.As(err, &ce) {
-			t.Errorf("%s: err = %v, want a *dedupe.ConfigError", name, err)
-		}
-	}
+	assertConfigErrors(t, cases, map[string]string{
+		"nil inbox": "inbox", "nil handler": "handler", "BatchSize -1": "BatchSize", "negative Linger": "Linger",
+		"scope with a NUL": "Scope", "MaxRetryBackoff < RetryBackoff": "MaxRetryBackoff",
+		"publisher: nil writer": "writer", "publisher: writer with a Topic": "writer.Topic",
+		"publisher: RequireOne": "writer.RequiredAcks", "publisher: Async": "writer.Async",
+		"publisher: round-robin": "writer.Balancer",
+	})
 	e.assertNothingWritten(t)
 }
 
@@ -184,11 +199,10 @@ func TestNATSAdapterRefusals(t *testing.T) {
 		},
 		"outbox publisher without js": func() error { _, err := dedupenats.NewOutboxPublisher(nil, nil); return err },
 	}
-	for name, call := range cases {
-		var ce *dedupe.ConfigError
-		if err := call(); !errors.Is(err, dedupe.ErrInvalidConfig) || !errors.As(err, &ce) {
-			t.Errorf("%s: err = %v, want a *dedupe.ConfigError", name, err)
-		}
-	}
+	assertConfigErrors(t, cases, map[string]string{
+		"nil inbox": "inbox", "nil consumer": "consumer", "nil handler": "handler", "AckNone consumer": "consumer",
+		"Open without Durable": "ConsumerConfig.Durable", "Open with AckAll": "ConsumerConfig.AckPolicy",
+		"outbox publisher without js": "js",
+	})
 	e.assertNothingWritten(t)
 }
