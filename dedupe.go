@@ -275,10 +275,20 @@ type Claim struct {
 // retry of the whole handler reuses it.
 func (c *Claim) DerivedKey(step string) string { return DeriveKey(c.Key, step) }
 
-// SetResult records r to be stored with the key when the Consumer's
-// transaction commits, so that duplicates get it back. It costs one more
+// SetResult records r to be stored with the key when the handler's
+// transaction commits (Consumer.Handle and the adapters do this), so that
+// duplicates get it back. It costs one more
 // statement in the transaction; without it nothing extra runs.
 func (c *Claim) SetResult(r Result) { c.pending = &r }
+
+// PendingResult returns the result a handler recorded with SetResult, for
+// adapters that run handlers themselves and store it with StoreResultTx.
+func (c *Claim) PendingResult() (Result, bool) {
+	if c.pending == nil {
+		return Result{}, false
+	}
+	return *c.pending, true
+}
 
 // Record is a stored key as operators see it.
 type Record struct {

@@ -115,6 +115,11 @@ func (r *Runner) batchTx(ctx context.Context, msgs []kafka.Message, keys []dedup
 				}
 				return n, err, nil
 			}
+			if res, ok := claims[n].PendingResult(); ok {
+				if err := r.inbox.StoreResultTx(ctx, tx, claims[n], res); err != nil {
+					return -1, nil, err
+				}
+			}
 			handled++
 		}
 	} else if len(fresh) > 0 {

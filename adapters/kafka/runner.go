@@ -44,10 +44,9 @@ import (
 // messages of a partition it lost; such a late commit can only move the
 // group's offset back, which causes redeliveries that the inbox absorbs.
 //
-// In batch mode with a per-message HandlerFunc, Claim.SetResult is not
-// stored (the runner cannot read the claim's pending result); per-message
-// mode stores it. In either mode a handler can store a result itself with
-// Inbox.StoreResultTx(ctx, tx, dedupe.ClaimFromContext(ctx), result).
+// A per-message HandlerFunc may record a result with
+// dedupe.ClaimFromContext(ctx).SetResult in either mode; it is stored with
+// the key in the handler's transaction.
 type Runner struct {
 	inbox    *dedupe.Inbox
 	reader   Reader

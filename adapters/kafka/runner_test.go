@@ -628,3 +628,29 @@ func TestBatchHandlerStoresResultTx(t *testing.T) {
 		}
 	}
 }
+
+func TestBatchModeStoresSetResult(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	b.produce(t, numbered(5, "s-%d", nil)...)
+	m := b.start(t, dedupekafka.Config{BatchSize: 5, Linger: 100 * time.Millisecond}, func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
+		c := dedupe.ClaimFromContext(ctx)
+		c.SetResult(dedupe.Result{Status: 201, Body: []byte("set " + c.Key.ID)})
+		return insertEffect(ctx, tx, m)
+	})
+	b.waitDrained(t, 30*time.Second)
+	b.wantEffects(t, 5)
+	if s := m.runner.Stats(); s.Batches == 0 {
+		t.Fatalf("no batch transaction: %+v", s)
+	}
+	for n := range 5 {
+		id := fmt.Sprintf("s-%d", n)
+		rec, err := b.inbox.Lookup(context.Background(), dedupe.Key{Scope: b.group, ID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Result == nil || rec.Result.Status != 201 || string(rec.Result.Body) != "set "+id {
+			t.Fatalf("%s: result %+v; want the one SetResult recorded", id, rec.Result)
+		}
+	}
+}
