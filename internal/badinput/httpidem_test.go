@@ -210,12 +210,26 @@ func TestIdempotencyConfigRefusals(t *testing.T) {
 		"unknown ServerErrors":      {e.db.Pool, httpidem.Config{ServerErrors: 99}},
 		"negative inbox Lease":      {e.db.Pool, httpidem.Config{Inbox: dedupe.Config{Lease: -time.Second}}},
 	}
+	fields := map[string]string{
+		"nil db": "db", "negative MaxRequestBytes": "MaxRequestBytes", "negative MaxResponseBytes": "MaxResponseBytes",
+		"unknown Oversize policy": "Oversize", "unknown ServerErrors": "ServerErrors", "negative inbox Lease": "Lease",
+	}
 	for name, c := range cases {
 		_, err := httpidem.New(c.db, &c.cfg)
 		var ce *httpidem.ConfigError
 		var dce *dedupe.ConfigError
 		if !errors.As(err, &ce) && !errors.As(err, &dce) {
 			t.Errorf("%s: err = %v, want a *ConfigError", name, err)
+		}
+		field := ""
+		switch {
+		case ce != nil:
+			field = ce.Field
+		case dce != nil:
+			field = dce.Field
+		}
+		if field != fields[name] {
+			t.Errorf("%s: err = %v names field %q, want %q", name, err, field, fields[name])
 		}
 		if ce != nil && !errors.Is(err, httpidem.ErrInvalidConfig) {
 			t.Errorf("%s: err = %v does not match httpidem.ErrInvalidConfig", name, err)

@@ -358,6 +358,12 @@ func TestWebhookConfigRefusals(t *testing.T) {
 			return err
 		},
 	}
+	fields := map[string]string{
+		"stripe without secrets": "Secrets", "github without secrets": "Secrets",
+		"standard with a secret that is not base64": "Secrets", "hmac without secrets": "Secrets",
+		"negative MaxBodyBytes": "MaxBodyBytes", "endpoint with a control char": "Scope",
+		"nil inbox": "inbox", "nil handler": "handler",
+	}
 	for name, call := range cases {
 		err := call()
 		if !errors.Is(err, webhook.ErrInvalidConfig) {
@@ -370,6 +376,16 @@ func TestWebhookConfigRefusals(t *testing.T) {
 		var dce *dedupe.ConfigError
 		if !errors.As(err, &ce) && !errors.As(err, &dce) {
 			t.Errorf("%s: err %v carries no *ConfigError", name, err)
+		}
+		field := ""
+		switch {
+		case ce != nil:
+			field = ce.Field
+		case dce != nil:
+			field = dce.Field
+		}
+		if field != fields[name] {
+			t.Errorf("%s: err = %v names field %q, want %q", name, err, field, fields[name])
 		}
 	}
 	e.assertNothingWritten(t)
