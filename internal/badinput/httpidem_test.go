@@ -221,14 +221,7 @@ func TestIdempotencyConfigRefusals(t *testing.T) {
 		if !errors.As(err, &ce) && !errors.As(err, &dce) {
 			t.Errorf("%s: err = %v, want a *ConfigError", name, err)
 		}
-		field := ""
-		switch {
-		case ce != nil:
-			field = ce.Field
-		case dce != nil:
-			field = dce.Field
-		}
-		if field != fields[name] {
+		if field := configField(err); field != fields[name] {
 			t.Errorf("%s: err = %v names field %q, want %q", name, err, field, fields[name])
 		}
 		if ce != nil && !errors.Is(err, httpidem.ErrInvalidConfig) {

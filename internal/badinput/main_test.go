@@ -2,11 +2,14 @@ package badinput_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/adapters/webhook"
+	"github.com/exactlyonce/dedupe/httpidem"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 )
 
@@ -47,4 +50,21 @@ func (e *env) assertNothingWritten(t *testing.T) {
 	if n := e.db.Count(t, "SELECT count(*) FROM effects"); n != 0 {
 		t.Errorf("effects = %d, want 0", n)
 	}
+}
+
+// configField is the field named by the *ConfigError in err's chain: the
+// webhook's or httpidem's own, else the core's ("" when there is none).
+func configField(err error) string {
+	var we *webhook.ConfigError
+	var he *httpidem.ConfigError
+	var de *dedupe.ConfigError
+	switch {
+	case errors.As(err, &we):
+		return we.Field
+	case errors.As(err, &he):
+		return he.Field
+	case errors.As(err, &de):
+		return de.Field
+	}
+	return ""
 }

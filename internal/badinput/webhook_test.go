@@ -377,14 +377,7 @@ func TestWebhookConfigRefusals(t *testing.T) {
 		if !errors.As(err, &ce) && !errors.As(err, &dce) {
 			t.Errorf("%s: err %v carries no *ConfigError", name, err)
 		}
-		field := ""
-		switch {
-		case ce != nil:
-			field = ce.Field
-		case dce != nil:
-			field = dce.Field
-		}
-		if field != fields[name] {
+		if field := configField(err); field != fields[name] {
 			t.Errorf("%s: err = %v names field %q, want %q", name, err, field, fields[name])
 		}
 	}
