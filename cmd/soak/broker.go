@@ -70,10 +70,7 @@ func (b *broker) push(id string) {
 func (b *broker) next(ctx context.Context) (delivery, bool) {
 	select {
 	case d := <-b.queue:
-		b.mu.Lock()
-		b.held[d.seq] = true
-		b.mu.Unlock()
-		return d, true
+		return b.hold(d), true
 	case <-b.done:
 		return delivery{}, false
 	case <-ctx.Done():
@@ -153,11 +150,16 @@ func (b *broker) left() int {
 func (b *broker) tryNext() (delivery, bool) {
 	select {
 	case d := <-b.queue:
-		b.mu.Lock()
-		b.held[d.seq] = true
-		b.mu.Unlock()
-		return d, true
+		return b.hold(d), true
 	default:
 		return delivery{}, false
 	}
+}
+
+// hold records d as handed out, to be settled by ack or nack.
+func (b *broker) hold(d delivery) delivery {
+	b.mu.Lock()
+	b.held[d.seq] = true
+	b.mu.Unlock()
+	return d
 }
