@@ -2,6 +2,7 @@ package dedupe
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -219,8 +220,9 @@ func (r *Relay) Config() RelayConfig { return r.cfg }
 // PollInterval, and at once again after a full batch; it backs off while the
 // broker is unreachable, and it deletes published rows past Retention. On
 // cancellation it lets the batch in flight finish (within ShutdownTimeout)
-// and returns nil. It returns an error only when it cannot start (the outbox
-// table is missing).
+// and returns nil. It returns an error only when the outbox table is missing
+// (ErrNotMigrated); every other failure, a lost connection included, is
+// retried with backoff.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return ErrRelayRunning
@@ -229,16 +231,9 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	wake := make(chan struct{}, 1)
 	if r.cfg.ListenConn != nil && !r.cfg.DisableListen {
-		var channel string
-		if err := r.ob.db.QueryRow(ctx, r.ob.q.channel, r.ob.table).Scan(&channel); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("dedupe: relay: %w", translate(err))
-		}
 		lctx, cancel := context.WithCancel(ctx)
 		var wg sync.WaitGroup
-		wg.Go(func() { r.listen(lctx, channel, wake) })
+		wg.Go(func() { r.listen(lctx, wake) })
 		defer func() { cancel(); wg.Wait() }()
 	}
 
@@ -272,6 +267,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		var wait time.Duration
 		switch {
+		case errors.Is(err, ErrNotMigrated):
+			return fmt.Errorf("dedupe: relay: %w", err)
 		case err != nil:
 			pause = min(max(pause*2, r.cfg.MinBackoff), r.cfg.MaxBackoff)
 			wait = jitter(pause)
@@ -330,10 +327,10 @@ func jitter(d time.Duration) time.Duration {
 // notification, reconnecting with backoff when it fails. Each (re)connect
 // signals too, so nothing committed while it was not listening is missed
 // until the next poll.
-func (r *Relay) listen(ctx context.Context, channel string, wake chan<- struct{}) {
+func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 	pause := time.Duration(0)
 	for ctx.Err() == nil {
-		err := r.listenOnce(ctx, channel, wake)
+		err := r.listenOnce(ctx, wake)
 		if ctx.Err() != nil {
 			return
 		}
@@ -348,7 +345,7 @@ func (r *Relay) listen(ctx context.Context, channel string, wake chan<- struct{}
 	}
 }
 
-func (r *Relay) listenOnce(ctx context.Context, channel string, wake chan<- struct{}) error {
+func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 	conn, err := r.cfg.ListenConn(ctx)
 	if err != nil {
 		return err
@@ -358,6 +355,12 @@ func (r *Relay) listenOnce(ctx context.Context, channel string, wake chan<- stru
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
+	// The channel is named after the table's oid, looked up on this
+	// connection at every (re)connect.
+	var channel string
+	if err := conn.QueryRow(ctx, r.ob.q.channel, r.ob.table).Scan(&channel); err != nil {
+		return translate(err)
+	}
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
 		return err
 	}

@@ -534,3 +534,58 @@ func TestRelayScanWindowMovesPastBlockedRows(t *testing.T) {
 		t.Fatalf("parked = %d", n)
 	}
 }
+
+// TestRelayStartsOnAKilledConnection: the pool hands Run a connection whose
+// backend was terminated (as after a failover); Run retries instead of
+// giving up, and the message is published once.
+func TestRelayStartsOnAKilledConnection(t *testing.T) {
+	t.Parallel()
+	b := setupOutbox(t)
+	app := "relay-start-" + b.db.Schema
+	pool := b.db.AppPool(t, app, 1)
+	if err := pool.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range b.db.BackendPIDs(t, app) {
+		b.db.Terminate(t, pid)
+	}
+	ob, err := dedupe.NewOutbox(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	relay, err := dedupe.NewRelay(ob, rec, dedupe.RelayConfig{PollInterval: 20 * time.Millisecond, MinBackoff: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := b.enqueue(t, dedupe.Message{Topic: "t", Payload: []byte("x")})
+	runRelay(t, relay)
+	waitFor(t, 10*time.Second, "the publish after the killed connection", func() bool {
+		got, _, _ := rec.snapshot()
+		return len(got) >= 1
+	})
+	if _, sends, _ := rec.snapshot(); sends[ids[0]] != 1 {
+		t.Fatalf("sent %d times, want 1", sends[ids[0]])
+	}
+}
+
+func TestRelayRunWithoutOutboxTableIsNotMigrated(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	if err := dedupe.Migrate(context.Background(), db.Pool, nil, dedupe.LineInbox); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := dedupe.NewOutbox(db.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay, err := dedupe.NewRelay(ob, newRecorder(), dedupe.RelayConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := relay.Run(ctx); !errors.Is(err, dedupe.ErrNotMigrated) {
+		t.Fatalf("Run without the outbox table = %v, want ErrNotMigrated", err)
+	}
+}
