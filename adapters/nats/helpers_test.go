@@ -2,7 +2,6 @@ package dedupenats_test
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,7 +23,6 @@ const (
 	orderIDHdr = "Order-Id"
 )
 
-var consumerSeq atomic.Int64
 
 // bundle is what setup gives each test: a fresh schema with an effects table,
 // an inbox, and a private NATS server with one stream and one durable.

@@ -43,9 +43,6 @@ FROM generate_series(1, $1::bigint) AS g`
 // sqlAnalyze refreshes the planner's statistics after a preload.
 const sqlAnalyze = `ANALYZE dedupe_inbox`
 
-// sqlCountInbox counts the inbox's rows.
-const sqlCountInbox = `SELECT count(*) FROM dedupe_inbox`
-
 // sqlResetOutbox empties the outbox between rows of the transport table.
 const sqlResetOutbox = `TRUNCATE dedupe_outbox`
 
