@@ -23,7 +23,6 @@ const (
 	orderIDHdr = "Order-Id"
 )
 
-
 // bundle is what setup gives each test: a fresh schema with an effects table,
 // an inbox, and a private NATS server with one stream and one durable.
 type bundle struct {
