@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -32,10 +33,12 @@ type broker struct {
 	done         chan struct{}  // closed when outstanding reaches zero
 	closed       bool
 	timers       sync.WaitGroup
+	acks         *atomic.Int64 // counts acknowledgements, the run's progress
 }
 
-func newBroker(inputs []string, f *faults, redelivery time.Duration) *broker {
+func newBroker(inputs []string, f *faults, redelivery time.Duration, acks *atomic.Int64) *broker {
 	b := &broker{
+		acks: acks,
 		// Every message is in the queue at most once at a time, plus the
 		// injected redeliveries, which are capped at len(inputs).
 		queue:        make(chan delivery, 2*len(inputs)+1),
@@ -87,6 +90,7 @@ func (b *broker) ack(d delivery) {
 		return
 	}
 	delete(b.held, d.seq)
+	b.acks.Add(1)
 	again := b.redelivered < b.maxRedeliver && b.faults.hit(faultRedeliver)
 	if again {
 		b.redelivered++

@@ -61,7 +61,7 @@ func runExternal(ctx context.Context, e *env, x external) error {
 			record(supervise(wctx, func(kills *int) (bool, error) { return runChild(wctx, e, x.childArgs, kills, x.onChildLine) }))
 		})
 	}
-	wg.Go(func() { terminator(wctx, e.soak.admin, e.app, o.terminate, e.faults, e.soak.log) })
+	wg.Go(func() { terminator(wctx, e, o.terminate) })
 	wg.Go(func() { record(x.feed(wctx)) })
 
 	var doneErr error
@@ -93,17 +93,24 @@ func runExternal(ctx context.Context, e *env, x external) error {
 }
 
 // restarting runs consume until ctx ends; when restart is set it stops the
-// consumer (cancels it and waits) at random intervals of about
-// -restart-every and starts it again, each stop a fault.
+// consumer (cancels it and waits) after about -restart-every more committed
+// effects (at random between half and one and a half times that) and starts
+// it again, each stop a fault.
 func restarting(ctx context.Context, e *env, restart bool, consume func(context.Context) error) error {
 	every := e.soak.opts.restart
 	for ctx.Err() == nil {
 		cctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- consume(cctx) }()
-		var timer <-chan time.Time
+		var timer chan struct{}
 		if restart && every > 0 {
-			timer = time.After(every/2 + time.Duration(e.faults.intn(int(every))))
+			timer = make(chan struct{})
+			target := e.progress.effectsNow() + int64(every/2+e.faults.intn(every)+1)
+			go func() {
+				if e.progress.waitEffects(cctx, target) {
+					close(timer)
+				}
+			}()
 		}
 		select {
 		case err := <-done:

@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // faultKind is one kind of injected fault.
@@ -87,19 +84,18 @@ func (f *faults) String() string {
 	return strings.Join(parts, " ")
 }
 
-// terminator kills one of the consumer's server connections every interval,
-// found by their application_name, until ctx ends.
-func terminator(ctx context.Context, admin *pgxpool.Pool, appName string, every time.Duration, f *faults, log *slog.Logger) {
+// terminator kills one of the consumers' server connections, found by their
+// application_name, every `every` effects the transport commits, until ctx
+// ends: paced by progress, so that a slow machine suffers as many
+// terminations per message as a fast one.
+func terminator(ctx context.Context, e *env, every int) {
 	if every <= 0 {
 		return
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
+	admin, appName, f, log := e.soak.admin, e.app, e.faults, e.soak.log
+	for next := e.progress.effectsNow() + int64(every); ; next += int64(every) {
+		if !e.progress.waitEffects(ctx, next) {
 			return
-		case <-t.C:
 		}
 		rows, err := admin.Query(ctx, sqlBackends, appName)
 		if err != nil {

@@ -21,11 +21,12 @@ type options struct {
 	dsn        string
 	seed       uint64
 	rates      [numFaults]float64
-	terminate  time.Duration
+	terminate  int
 	kills      int
 	lease      time.Duration
 	redelivery time.Duration
-	restart    time.Duration
+	restart    int
+	idle       time.Duration
 	timeout    time.Duration
 	keep       bool
 	verbose    bool
@@ -50,12 +51,13 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.rates[faultKill], "kill-rate", 0.02, "probability, per transaction of the worker subprocess, that it is killed with SIGKILL inside it")
 	fs.Float64Var(&o.rates[faultAbandon], "abandon-rate", 0.01, "leased transport: probability that a holder dies after its claim (the lease must expire)")
 	fs.Float64Var(&o.rates[faultLate], "late-rate", 0.005, "leased transport: probability that a holder outlives its lease and completes late")
-	fs.DurationVar(&o.terminate, "terminate-every", 200*time.Millisecond, "interval between pg_terminate_backend of a consumer connection (0: never)")
+	fs.IntVar(&o.terminate, "terminate-every", 40, "pg_terminate_backend one of the consumers' connections every this many committed effects (0: never)")
 	fs.IntVar(&o.kills, "kills", 5, "SIGKILLs of the worker subprocess per transport at most (0: no subprocess)")
 	fs.DurationVar(&o.lease, "lease", 300*time.Millisecond, "lease of the leased transport")
 	fs.DurationVar(&o.redelivery, "redelivery", 20*time.Millisecond, "delay before a nacked message is delivered again")
-	fs.DurationVar(&o.restart, "restart-every", 700*time.Millisecond, "NATS, Kafka, webhook: stop and restart an in-process consumer about this often (0: never)")
-	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "the whole soak stops after this and fails")
+	fs.IntVar(&o.restart, "restart-every", 150, "NATS, Kafka, webhook, httpidem, outbox: stop and restart an in-process consumer after about this many committed effects (0: never)")
+	fs.DurationVar(&o.idle, "idle", time.Minute, "a transport's run fails when it commits no effect and acknowledges no delivery for this long")
+	fs.DurationVar(&o.timeout, "timeout", 0, "the whole soak stops after this and fails (0: no limit; -idle catches a stuck run)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the soak's schema for inspection instead of dropping it")
 	fs.BoolVar(&o.verbose, "v", false, "log the consumers' warnings and the faults")
 	if err := fs.Parse(args); err != nil {
@@ -84,8 +86,12 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("-dup must be in [0, 1)")
 	case o.workers < 1:
 		return nil, errors.New("-workers must be at least 1")
-	case o.timeout <= 0:
-		return nil, errors.New("-timeout must be positive")
+	case o.timeout < 0:
+		return nil, errors.New("-timeout must not be negative")
+	case o.idle <= 0:
+		return nil, errors.New("-idle must be positive")
+	case o.terminate < 0 || o.restart < 0:
+		return nil, errors.New("-terminate-every and -restart-every must not be negative")
 	case o.lease <= 0:
 		return nil, errors.New("-lease must be positive")
 	}

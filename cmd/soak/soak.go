@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -34,7 +35,11 @@ func newSoak(parent context.Context, opts *options, stderr io.Writer) (*soak, er
 		level = slog.LevelDebug
 	}
 	s := &soak{opts: opts, log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))}
-	s.ctx, s.cancel = context.WithTimeout(parent, opts.timeout)
+	if opts.timeout > 0 {
+		s.ctx, s.cancel = context.WithTimeout(parent, opts.timeout)
+	} else {
+		s.ctx, s.cancel = context.WithCancel(parent)
+	}
 
 	s.schema = scratch.Name("soak")
 	admin, err := s.pool(s.ctx, s.appName("admin"), 3)
@@ -158,12 +163,26 @@ func (s *soak) runTransport(parent context.Context, name string) (*report, error
 	h := fnv.New64a()
 	h.Write([]byte(name))
 	f := newFaults(s.opts.seed^h.Sum64(), s.opts.rates)
-	env := &env{soak: s, name: name, scope: "soak-" + name, app: s.appName(name), faults: f}
+	env := &env{soak: s, name: name, scope: "soak-" + name, app: s.appName(name), faults: f,
+		progress: newProgress(s.admin, name)}
+	// The run gives up only when it stops moving for -idle.
+	rctx, cancel := context.WithCancelCause(s.ctx)
+	defer cancel(nil)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		env.progress.watch(rctx, s.opts.idle, func() { cancel(env.progress.stallError(s.opts.idle)) })
+	}()
 	start := time.Now()
-	runErr := tr.run(s.ctx, env, s.inputs)
+	runErr := tr.run(rctx, env, s.inputs)
 	elapsed := time.Since(start)
-	actx, cancel := context.WithTimeout(context.WithoutCancel(parent), 30*time.Second)
-	defer cancel()
+	if cause := context.Cause(rctx); runErr != nil && errors.Is(cause, errNoProgress) {
+		runErr = fmt.Errorf("%w: %w", cause, runErr)
+	}
+	cancel(nil)
+	<-watched
+	actx, acancel := context.WithTimeout(context.WithoutCancel(parent), 2*time.Minute)
+	defer acancel()
 	rep, err := s.audit(actx, env)
 	if err != nil {
 		return nil, fmt.Errorf("audit: %w (run: %v)", err, runErr)

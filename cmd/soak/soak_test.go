@@ -143,7 +143,7 @@ func TestSoakWithFaultsExactlyOneEffectEach(t *testing.T) {
 		"-transports", "handle,leased,batch",
 		"-error-rate", "0.05", "-panic-rate", "0.03", "-redeliver-rate", "0.05",
 		"-kill-rate", "0.25", "-kills", "2", "-abandon-rate", "0.04", "-late-rate", "0.03",
-		"-terminate-every", "40ms", "-lease", "150ms", "-timeout", "40s")
+		"-terminate-every", "20", "-lease", "150ms")
 	if code != exitOK {
 		t.Fatalf("exit code = %d, want 0", code)
 	}
@@ -179,8 +179,8 @@ func TestSoakExternalTransportsWithFaults(t *testing.T) {
 	code, lines, db := runSoak(t, "-n", "400", "-dup", "0.3", "-seed", "43", "-workers", "3",
 		"-transports", "nats,kafka,kafka-batch,webhook,httpidem,outbox",
 		"-error-rate", "0.05", "-panic-rate", "0.03", "-redeliver-rate", "0.05",
-		"-kill-rate", "0.3", "-kills", "1", "-restart-every", "400ms",
-		"-terminate-every", "30ms", "-timeout", "50s")
+		"-kill-rate", "0.3", "-kills", "1", "-restart-every", "60",
+		"-terminate-every", "15")
 	if code != exitOK {
 		t.Fatalf("exit code = %d, want 0", code)
 	}
@@ -217,7 +217,7 @@ func TestSoakExternalTransportsWithFaults(t *testing.T) {
 func TestSoakCatchesNaiveConsumer(t *testing.T) {
 	t.Parallel()
 	code, lines, _ := runSoak(t, "-n", "300", "-dup", "0.3", "-seed", "7", "-transports", "naive",
-		"-kills", "0", "-terminate-every", "0", "-timeout", "30s")
+		"-kills", "0", "-terminate-every", "0")
 	if code != exitMismatch {
 		t.Fatalf("exit code = %d, want %d", code, exitMismatch)
 	}

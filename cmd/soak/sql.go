@@ -8,7 +8,8 @@ const sqlCreateEffects = `CREATE TABLE IF NOT EXISTS soak_effects (
     id        bigserial PRIMARY KEY,
     transport text NOT NULL,
     msg_id    text NOT NULL
-)`
+);
+CREATE INDEX IF NOT EXISTS soak_effects_transport ON soak_effects (transport)`
 
 // sqlInsertEffect records one effect. $1 transport, $2 message id.
 const sqlInsertEffect = `INSERT INTO soak_effects (transport, msg_id) VALUES ($1, $2)`
@@ -44,3 +45,7 @@ const sqlInsertEffects = `INSERT INTO soak_effects (transport, msg_id) SELECT $1
 // sqlDistinctEffects counts the inputs of a transport that have an effect.
 // $1 transport.
 const sqlDistinctEffects = `SELECT count(DISTINCT msg_id) FROM soak_effects WHERE transport = $1`
+
+// sqlEffectTotal counts the effects of a transport, its progress. $1
+// transport.
+const sqlEffectTotal = `SELECT count(*) FROM soak_effects WHERE transport = $1`

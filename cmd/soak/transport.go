@@ -84,7 +84,8 @@ type env struct {
 	scope     string // the inbox scope of its keys
 	app       string // application_name of its consumers' connections
 	faults    *faults
-	inboxless bool // the naive transport: no inbox rows to audit
+	progress  *progress // paces the faults and detects a stuck run
+	inboxless bool      // the naive transport: no inbox rows to audit
 }
 
 // consumerPool connects the transport's consumers.
@@ -127,7 +128,7 @@ func runBrokered(newProc processorFactory) func(ctx context.Context, e *env, inp
 			return err
 		}
 		defer pool.Close()
-		b := newBroker(inputs, e.faults, o.redelivery)
+		b := newBroker(inputs, e.faults, o.redelivery, &e.progress.acks)
 		proc, err := newProc(e, pool, b.push)
 		if err != nil {
 			return err
@@ -183,7 +184,7 @@ func consumeBroker(ctx context.Context, e *env, b *broker, batch int, subprocess
 			supErr = supervise(wctx, func(kills *int) (bool, error) { return runWorker(wctx, e, b, kills) })
 		})
 	}
-	wg.Go(func() { terminator(wctx, e.soak.admin, e.app, o.terminate, e.faults, e.soak.log) })
+	wg.Go(func() { terminator(wctx, e, o.terminate) })
 
 	err := b.wait(ctx)
 	stop()
