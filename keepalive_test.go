@@ -21,6 +21,7 @@ func TestKeepAliveRenewsUntilStoppedAndReportsLoss(t *testing.T) {
 	}
 	first := c.LockedUntil
 	hb := b.inbox.KeepAlive(ctx, c, 10*time.Millisecond)
+	t.Cleanup(func() { _ = hb.Stop() })
 	b.clock.Advance(50 * time.Second)
 	dbtest.WaitFor(t, 5*time.Second, "a renewal", func() bool { return hb.LockedUntil().After(first) })
 	// Past the first lease the key is still held.
@@ -57,6 +58,7 @@ func TestKeepAliveStopIsClean(t *testing.T) {
 		t.Fatal(err)
 	}
 	hb := b.inbox.KeepAlive(ctx, c, time.Millisecond)
+	t.Cleanup(func() { _ = hb.Stop() })
 	time.Sleep(20 * time.Millisecond)
 	if err := hb.Stop(); err != nil {
 		t.Fatalf("stop = %v", err)
@@ -93,6 +95,7 @@ func TestKeepAliveGivesUpBeforeTheLeaseRunsOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	hb := b.inbox.KeepAlive(ctx, c, 200*time.Millisecond)
+	t.Cleanup(func() { _ = hb.Stop() })
 	select {
 	case <-hb.Lost():
 	case <-time.After(5 * time.Second):

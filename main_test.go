@@ -45,6 +45,9 @@ func setup(t *testing.T, cfg ...dedupe.Config) *bundle {
 	if c.Clock == nil {
 		c.Clock = clock.Now
 	}
+	if c.Logger == nil {
+		c.Logger = dbtest.Logger(t)
+	}
 	ctx := context.Background()
 	if err := dedupe.Migrate(ctx, db.Pool, &c); err != nil {
 		t.Fatalf("migrate: %v", err)

@@ -232,11 +232,25 @@ func (d *DB) Exec(t testing.TB, sql string, args ...any) {
 }
 
 // VerifyTestMain runs the package's tests and then fails if goroutines
-// leaked, ignoring the long-lived ones of testcontainers and pgx.
+// leaked, ignoring the long-lived ones of testcontainers. It keeps the
+// library quiet: records logged through slog.Default are held in memory and
+// printed only when the package fails (with -v they go to stderr at once);
+// tests that want their logs beside their own output use Logger(t).
 func VerifyTestMain(m *testing.M, opts ...goleak.Option) {
+	quietDefaultLogger()
 	opts = append(opts,
 		goleak.IgnoreAnyFunction("github.com/testcontainers/testcontainers-go.(*Reaper).connect.func1"),
 		goleak.IgnoreAnyFunction("github.com/testcontainers/testcontainers-go.(*reaperSpawner).reaper.func1"),
 	)
-	goleak.VerifyTestMain(m, opts...)
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(opts...); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	if code != 0 {
+		heldLog.dump(os.Stderr)
+	}
+	os.Exit(code)
 }
