@@ -1,0 +1,119 @@
+package pgproxy_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/dedupe/internal/dbtest"
+	"github.com/exactlyonce/dedupe/internal/pgproxy"
+)
+
+func TestMain(m *testing.M) { dbtest.VerifyTestMain(m) }
+
+func start(t *testing.T, db *dbtest.DB, policy pgproxy.Policy) (*pgproxy.Proxy, string) {
+	t.Helper()
+	host, err := pgproxy.Host(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := pgproxy.Start(host, policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	u, err := p.URL(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, u
+}
+
+// TestDroppedCommitReplyCommits: the client sees an error, the server kept
+// the transaction.
+func TestDroppedCommitReplyCommits(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Exec(t, `CREATE TABLE x (id int)`)
+	p, u := start(t, db, func(ev pgproxy.Event) pgproxy.Action {
+		if ev.Kind == pgproxy.Commit {
+			return pgproxy.DropReply
+		}
+		return pgproxy.Forward
+	})
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO x VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err == nil {
+		t.Fatal("commit whose reply was dropped returned nil")
+	}
+	if n := db.Count(t, `SELECT count(*) FROM x`); n != 1 {
+		t.Fatalf("rows = %d, want 1: the COMMIT reached the server", n)
+	}
+	if s := p.Stats(); s.DroppedReplys != 1 || s.Commits != 1 {
+		t.Fatalf("stats = %+v", s)
+	}
+}
+
+// TestCutBeforeCommitRollsBack: the COMMIT never reached the server.
+func TestCutBeforeCommitRollsBack(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Exec(t, `CREATE TABLE x (id int)`)
+	_, u := start(t, db, func(ev pgproxy.Event) pgproxy.Action {
+		if ev.Kind == pgproxy.Commit {
+			return pgproxy.Cut
+		}
+		return pgproxy.Forward
+	})
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO x VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err == nil {
+		t.Fatal("commit over a cut connection returned nil")
+	}
+	dbtest.WaitFor(t, 30e9, "the server to end the cut session", func() bool {
+		return db.Count(t, `SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' AND query ILIKE 'INSERT INTO x%'`) == 0
+	})
+	if n := db.Count(t, `SELECT count(*) FROM x`); n != 0 {
+		t.Fatalf("rows = %d, want 0", n)
+	}
+}
+
+// TestForwardsEverything: with no policy it is a plain proxy, TLS refused.
+func TestForwardsEverything(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	_, u := start(t, db, nil)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, u+"&sslmode=prefer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT $1::int + 1`, 41).Scan(&n); err != nil || n != 42 {
+		t.Fatalf("query = %d, %v", n, err)
+	}
+}
