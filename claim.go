@@ -15,102 +15,172 @@ import (
 // only for OutcomeClaimed; for every other outcome it should roll back (or
 // commit nothing of its own).
 //
-// A new key costs one statement, an existing key two. A concurrent
+// The claim and the read of an existing key go to the server together, so
+// a new key and a duplicate each cost one round trip. A concurrent
 // transaction holding the same new key makes Claim wait until it ends. On
 // OutcomeDuplicate, Claim.Result holds the stored result.
+//
+// If tx's COMMIT fails without a reply, use Resolve to learn whether the
+// claim (and so the caller's effects) committed.
 func (i *Inbox) Claim(ctx context.Context, tx pgx.Tx, key Key) (*Claim, error) {
 	if err := key.Validate(); err != nil {
 		return nil, err
 	}
-	return i.claim(ctx, tx, key, StateComplete, i.cfg.maxAttemptsParam())
+	if err := i.reentrant(ctx, key); err != nil {
+		return nil, err
+	}
+	req := i.newClaimReq(key, StateComplete, i.cfg.maxAttemptsParam())
+	b := &pgx.Batch{}
+	round := i.queueClaim(b, req)
+	sent := time.Now()
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, translate(err)
+	}
+	c, _, err := i.settle(ctx, tx, req, round, sent)
+	return c, err
 }
 
-// claimArgs are the parameters shared by sqlClaimInsert and sqlClaim.
-type claimArgs struct {
+// claimReq is one claim: the key, the state it is claimed in (complete for
+// transactional, in flight for leased), the attempt's fencing token and the
+// attempt limit.
+type claimReq struct {
 	key         Key
 	state       State
 	token       int64
-	lockedUntil *time.Time
-	now         time.Time
-	expires     time.Time
 	maxAttempts int
 }
 
-// claim claims key with state (complete for transactional, in flight for
-// leased). A new key costs one statement. An existing key costs a second one
-// that reads it with a fresh snapshot (so it also sees a key committed by a
-// concurrent transaction the insert waited for); only an in-flight key whose
-// lease expired goes on to the takeover upsert.
-func (i *Inbox) claim(ctx context.Context, q Querier, key Key, state State, maxAttempts int) (*Claim, error) {
-	a := claimArgs{key: key, state: state, token: rand.Int64(), now: i.cfg.Clock(), maxAttempts: maxAttempts}
-	if state == StateInFlight {
-		t := a.now.Add(i.cfg.Lease)
-		a.lockedUntil = &t
-	}
-	a.expires = a.now.Add(i.cfg.Retention)
+func (i *Inbox) newClaimReq(key Key, state State, maxAttempts int) *claimReq {
+	return &claimReq{key: key, state: state, token: newToken(), maxAttempts: maxAttempts}
+}
 
-	for range 3 {
-		var attempts int
-		err := q.QueryRow(ctx, i.q.claimInsert, key.Scope, key.ID, string(state), key.Fingerprint, a.token,
-			a.lockedUntil, a.now, a.expires).Scan(&attempts)
-		if err == nil {
-			return a.claimed(attempts), nil
+// newToken returns a random, non-zero fencing token.
+func newToken() int64 {
+	for {
+		if t := rand.Int64(); t != 0 {
+			return t
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return nil, translate(err)
+	}
+}
+
+// args are the parameters of sqlClaimInsert; sqlClaim adds maxAttempts.
+func (i *Inbox) claimArgs(r *claimReq) []any {
+	return []any{i.cfg.now(), r.key.Scope, r.key.ID, string(r.state), r.key.Fingerprint, r.token,
+		i.cfg.Lease, i.cfg.Retention}
+}
+
+// claimRow is what a claim statement returns for a row it inserted or took.
+type claimRow struct {
+	state       string
+	attempts    int
+	lockedUntil *time.Time
+	left        *time.Duration
+}
+
+func (c *claimRow) dest() []any { return []any{&c.state, &c.attempts, &c.lockedUntil, &c.left} }
+
+// claimRound holds the results of a claim's insert and the read queued
+// behind it.
+type claimRound struct {
+	inserted bool
+	row      claimRow
+	rec      *Record // the existing row, nil if none (or the insert's own)
+}
+
+// queueClaim queues the claim's insert and, behind it, the read of the key,
+// so that a key that exists is classified without another round trip. The
+// results land in the returned round when the batch is closed.
+func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq) *claimRound {
+	round := &claimRound{}
+	b.Queue(i.q.claimInsert, i.claimArgs(r)...).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(round.row.dest()...)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
 		}
-		rec, err := i.lookup(ctx, q, key)
-		if errors.Is(err, ErrNotFound) {
-			continue // released or purged in between, or rolled back after all
-		} else if err != nil {
-			return nil, err
+		round.inserted = err == nil
+		return err
+	})
+	b.Queue(i.q.lookup, i.cfg.now(), r.key.Scope, r.key.ID).QueryRow(func(row pgx.Row) error {
+		rec, err := scanRecord(row)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
 		}
-		if rec.State != StateInFlight || rec.LockedUntil == nil || rec.LockedUntil.After(a.now) {
-			return classify(key, rec), nil
+		round.rec = rec
+		return err
+	})
+	return round
+}
+
+// settle turns a claim round into the claim's outcome. A key that was
+// inserted is claimed. One that exists is classified; its own token (a
+// retry of a claim whose reply was lost) is claimed; one in flight with an
+// expired lease is taken over through q, with the upsert that re-checks the
+// condition on the row lock. extra reports whether settle ran statements of
+// its own after the round (a takeover), after which a savepoint taken in the
+// round no longer follows the claim.
+func (i *Inbox) settle(ctx context.Context, q Querier, r *claimReq, round *claimRound, sent time.Time) (c *Claim, extra bool, err error) {
+	for try := 0; ; try++ {
+		if round.inserted {
+			return r.claimed(i, &round.row, sent), extra, nil
 		}
-		// In flight with an expired lease: its holder died or its attempt
-		// failed. Take it over atomically (or find it poisoned).
-		c, err := i.takeover(ctx, q, a)
-		if c != nil || err != nil {
-			return c, err
+		rec := round.rec
+		if rec != nil && rec.Token == r.token && rec.State != StateFailed {
+			// Our own claim, committed by a statement whose reply was lost.
+			left := rec.leaseLeft()
+			return r.claimed(i, &claimRow{state: string(rec.State), attempts: rec.Attempts,
+				lockedUntil: rec.LockedUntil, left: left}, sent), extra, nil
 		}
-		if rec, err = i.lookup(ctx, q, key); errors.Is(err, ErrNotFound) {
+		if rec != nil && (!rec.expiredLease() || conflicts(r.key, rec)) {
+			return classify(r.key, rec), extra, nil
+		}
+		if try == 3 {
+			return nil, extra, fmt.Errorf("%w: key %s changed under every attempt to claim it", ErrRetryable, r.key)
+		}
+		// Absent (released, purged or rolled back since the insert looked)
+		// or in flight with an expired lease: its holder died or its attempt
+		// failed. Take it over (or insert it) atomically, or find it
+		// poisoned.
+		extra = true
+		sent = time.Now()
+		round = &claimRound{}
+		args := append(i.claimArgs(r), r.maxAttempts)
+		err := q.QueryRow(ctx, i.q.claim, args...).Scan(round.row.dest()...)
+		switch {
+		case err == nil:
+			if State(round.row.state) == StateFailed {
+				return &Claim{Key: r.key, Outcome: OutcomePoisoned, Attempt: round.row.attempts, inbox: i}, extra, nil
+			}
+			round.inserted = true
 			continue
-		} else if err != nil {
-			return nil, err
+		case !errors.Is(err, pgx.ErrNoRows):
+			return nil, extra, translate(err)
 		}
-		return classify(key, rec), nil
+		if round.rec, err = i.lookup(ctx, q, r.key); err != nil && !errors.Is(err, ErrNotFound) {
+			return nil, extra, err
+		}
 	}
-	return nil, fmt.Errorf("%w: key %s vanished while being claimed", ErrRetryable, key)
 }
 
-// takeover runs the takeover upsert; a nil claim means the row was not taken
-// (another attempt took it first, or the fingerprints differ).
-func (i *Inbox) takeover(ctx context.Context, q Querier, a claimArgs) (*Claim, error) {
-	var (
-		got      string
-		attempts int
-	)
-	err := q.QueryRow(ctx, i.q.claim, a.key.Scope, a.key.ID, string(a.state), a.key.Fingerprint, a.token,
-		a.lockedUntil, a.now, a.expires, a.maxAttempts).Scan(&got, &attempts)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, translate(err)
-	}
-	if State(got) == StateFailed {
-		return &Claim{Key: a.key, Outcome: OutcomePoisoned, Attempt: attempts}, nil
-	}
-	return a.claimed(attempts), nil
-}
-
-func (a claimArgs) claimed(attempt int) *Claim {
-	c := &Claim{Key: a.key, Outcome: OutcomeClaimed, Token: a.token, Attempt: attempt}
-	if a.lockedUntil != nil {
-		c.LockedUntil = *a.lockedUntil
-	}
+// claimed is the claim of a row this request holds.
+func (r *claimReq) claimed(i *Inbox, row *claimRow, sent time.Time) *Claim {
+	c := &Claim{Key: r.key, Outcome: OutcomeClaimed, Token: r.token, Attempt: row.attempts, inbox: i}
+	c.setLease(row.lockedUntil, row.left, sent)
 	return c
+}
+
+// expiredLease reports whether the row is in flight with a lease that ran
+// out when it was read (on the database's clock).
+func (rec *Record) expiredLease() bool {
+	return rec.State == StateInFlight && rec.LockedUntil != nil && !rec.LockedUntil.After(rec.ReadAt)
+}
+
+// leaseLeft is how much of the row's lease was left when it was read.
+func (rec *Record) leaseLeft() *time.Duration {
+	if rec.LockedUntil == nil {
+		return nil
+	}
+	d := rec.LockedUntil.Sub(rec.ReadAt)
+	return &d
 }
 
 // classify turns an existing row that the claim did not take into an outcome.
@@ -120,7 +190,7 @@ func classify(key Key, rec *Record) *Claim {
 		c.LockedUntil = *rec.LockedUntil
 	}
 	switch {
-	case len(key.Fingerprint) > 0 && len(rec.Key.Fingerprint) > 0 && string(key.Fingerprint) != string(rec.Key.Fingerprint):
+	case conflicts(key, rec):
 		c.Outcome = OutcomeConflict
 	case rec.State == StateComplete:
 		c.Outcome = OutcomeDuplicate
@@ -134,6 +204,23 @@ func classify(key Key, rec *Record) *Claim {
 		c.Outcome = OutcomeInFlight
 	}
 	return c
+}
+
+// conflicts reports whether key's fingerprint differs from the stored one.
+func conflicts(key Key, rec *Record) bool {
+	return len(key.Fingerprint) > 0 && len(rec.Key.Fingerprint) > 0 && string(key.Fingerprint) != string(rec.Key.Fingerprint)
+}
+
+// reentrant refuses a claim of the key that the context's handler is
+// handling: from a new transaction it would wait on its own uncommitted
+// claim forever.
+func (i *Inbox) reentrant(ctx context.Context, key Key) error {
+	held := ClaimFromContext(ctx)
+	if held == nil || held.inbox == nil || held.inbox.table != i.table ||
+		held.Key.Scope != key.Scope || held.Key.ID != key.ID {
+		return nil
+	}
+	return fmt.Errorf("%w: %s", ErrReentrant, key)
 }
 
 // StoreResultTx stores r with a claim made in transactional mode (Claim,
@@ -172,17 +259,12 @@ func (i *Inbox) RecordFailure(ctx context.Context, key Key, cause error) (attemp
 }
 
 func (i *Inbox) recordFailure(ctx context.Context, key Key, cause error, maxAttempts int) (int, bool, error) {
-	msg := "failed"
-	if cause != nil {
-		msg = cause.Error()
-	}
-	now := i.cfg.Clock()
 	var (
 		state    string
 		attempts int
 	)
-	err := i.db.QueryRow(ctx, i.q.recordFailure, key.Scope, key.ID, key.Fingerprint, now,
-		now.Add(i.cfg.Retention), maxAttempts, IsPermanent(cause), msg).Scan(&state, &attempts)
+	err := i.db.QueryRow(ctx, i.q.recordFailure, i.cfg.now(), key.Scope, key.ID, key.Fingerprint,
+		maxAttempts, IsPermanent(cause), errorText(cause), i.cfg.Retention).Scan(&state, &attempts)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, false, nil
 	}
@@ -190,4 +272,12 @@ func (i *Inbox) recordFailure(ctx context.Context, key Key, cause error, maxAtte
 		return 0, false, translate(err)
 	}
 	return attempts, State(state) == StateFailed, nil
+}
+
+// errorText is the last_error stored for cause.
+func errorText(cause error) string {
+	if cause == nil {
+		return "failed"
+	}
+	return cause.Error()
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -56,6 +55,7 @@ type Consumer[M any] struct {
 	cfg         ConsumerConfig[M]
 	handler     HandlerFunc[M]
 	txOpts      pgx.TxOptions
+	lockTimeout string // for sqlLockTimeout; "" for none
 	maxAttempts int
 }
 
@@ -85,12 +85,7 @@ func NewConsumer[M any](inbox *Inbox, cfg ConsumerConfig[M], h HandlerFunc[M]) (
 		c.maxAttempts = cfg.MaxAttempts
 	}
 	if cfg.LockTimeout > 0 {
-		// Sent with BEGIN as one simple-protocol query: no extra round trip.
-		begin := "BEGIN"
-		if cfg.IsoLevel != "" {
-			begin += " ISOLATION LEVEL " + strings.ToUpper(string(cfg.IsoLevel))
-		}
-		c.txOpts.BeginQuery = fmt.Sprintf("%s; SET LOCAL lock_timeout = %d", begin, max(cfg.LockTimeout.Milliseconds(), 1))
+		c.lockTimeout = fmt.Sprintf("%dms", max(cfg.LockTimeout.Milliseconds(), 1))
 	}
 	return c, nil
 }
@@ -116,22 +111,36 @@ func (c *Consumer[M]) KeyOf(msg M) (Key, error) {
 
 // Handle processes msg exactly once per key: it begins a transaction, claims
 // the key, runs the handler only for a new claim, and commits claim and
-// effects together. The handler finds its *Claim with ClaimFromContext.
+// effects together. BEGIN, the claim and the read of an existing key go to
+// the server in one round trip. The handler finds its *Claim with
+// ClaimFromContext.
 //
 // It returns nil error with OutcomeClaimed (processed now) or
 // OutcomeDuplicate (processed before; the handler did not run). Otherwise the
 // error says why, and the outcome tells the transport what to do:
 //
 //   - OutcomeRetry, *HandlerError: the handler failed or panicked (a
-//     *PanicError); everything rolled back; redeliver later.
+//     *PanicError), or ended its transaction itself (ErrTxEnded); its
+//     effects rolled back and the attempt was counted; redeliver later.
 //   - OutcomePoisoned, ErrPoisoned: the attempts are used up or the error was
-//     Permanent; the key is marked failed; stop redelivering.
+//     Permanent; the key is marked failed; stop redelivering. The handler
+//     runs at most MaxAttempts times per key, however many duplicates arrive
+//     at once: a failed attempt is recorded in its own transaction before
+//     the claim is released, so a concurrent duplicate that waited on the
+//     claim finds the attempt counted.
 //   - OutcomeInFlight, ErrInFlight: a concurrent attempt holds the key;
 //     redeliver later. In this transactional mode it happens only with
 //     ConsumerConfig.LockTimeout set (otherwise a concurrent duplicate waits
-//     for the first transaction to end), or when a leased claim of the same
+//     for the first transaction to end and then reports OutcomeDuplicate, or
+//     claims the key if the first failed), or when a leased claim of the same
 //     key is live.
 //   - OutcomeConflict, ErrConflict: the key was used with another payload.
+//   - OutcomeUnknown, ErrOutcomeUnknown: the COMMIT was sent, its reply was
+//     lost, and a fresh connection could not tell whether it committed.
+//     Never treat it as a rollback; redeliver, and a committed first attempt
+//     makes the redelivery a duplicate. (When the fresh connection can tell,
+//     Handle reports what happened: OutcomeClaimed, or an error as below.)
+//   - 0, ErrReentrant: the handler of this very key called Handle for it.
 //   - 0, ErrInvalidKey or ErrNoKey: the message has no usable key.
 //   - 0, any other error: the database failed; nothing committed.
 func (c *Consumer[M]) Handle(ctx context.Context, msg M) (Outcome, error) {
@@ -146,6 +155,9 @@ func (c *Consumer[M]) Handle(ctx context.Context, msg M) (Outcome, error) {
 // adapter that logs or routes by it), so it is not extracted twice. key must
 // be valid; KeyOf validates it.
 func (c *Consumer[M]) HandleKey(ctx context.Context, key Key, msg M) (Outcome, error) {
+	if err := c.inbox.reentrant(ctx, key); err != nil {
+		return 0, err
+	}
 	for try := 0; ; try++ {
 		outcome, err := c.attempt(ctx, key, msg)
 		if errors.Is(err, ErrRetryable) && try < c.cfg.TxRetries && ctx.Err() == nil {
@@ -157,18 +169,25 @@ func (c *Consumer[M]) HandleKey(ctx context.Context, key Key, msg M) (Outcome, e
 
 // attempt runs one transaction of Handle.
 func (c *Consumer[M]) attempt(ctx context.Context, key Key, msg M) (Outcome, error) {
-	tx, err := c.inbox.db.BeginTx(ctx, c.txOpts)
-	if err != nil {
-		return 0, translate(err)
+	inbox := c.inbox
+	req := inbox.newClaimReq(key, StateComplete, c.maxAttempts)
+	b := &pgx.Batch{}
+	b.BeginTx(c.txOpts)
+	if c.lockTimeout != "" {
+		b.Queue(sqlLockTimeout, c.lockTimeout)
 	}
+	round := inbox.queueClaim(b, req)
+	b.Queue(sqlSavepoint)
+	sent := time.Now()
+	br := inbox.db.SendBatch(ctx, b)
+	tx := br.Tx()
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-
-	claim, err := c.inbox.claim(ctx, tx, key, StateComplete, c.maxAttempts)
+	if err := br.Close(); err != nil {
+		return inFlightOr(translate(err))
+	}
+	claim, extra, err := inbox.settle(ctx, tx, req, round, sent)
 	if err != nil {
-		if errors.Is(err, ErrInFlight) {
-			return OutcomeInFlight, err
-		}
-		return 0, err
+		return inFlightOr(err)
 	}
 	switch claim.Outcome {
 	case OutcomeClaimed:
@@ -179,30 +198,66 @@ func (c *Consumer[M]) attempt(ctx context.Context, key Key, msg M) (Outcome, err
 		}
 		return OutcomePoisoned, fmt.Errorf("%w: %s", ErrPoisoned, key)
 	case OutcomeDuplicate:
-		c.inbox.cfg.Logger.DebugContext(ctx, "dedupe: duplicate skipped", "scope", key.Scope, "key", key.ID)
+		inbox.cfg.Logger.DebugContext(ctx, "dedupe: duplicate skipped", "scope", key.Scope, "key", key.ID)
 		return OutcomeDuplicate, nil
 	default:
 		return claim.Outcome, fmt.Errorf("%w: %s", claim.Outcome.Err(), key)
 	}
-
-	if herr := c.run(ContextWithClaim(ctx, claim), tx, msg); herr != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		if terr := translate(herr); errors.Is(terr, ErrRetryable) {
-			// The handler's own statements hit a serialization failure or a
-			// deadlock: run the transaction again without counting an attempt.
-			return 0, terr
+	if extra {
+		// The claim was taken over after the round's savepoint.
+		if _, err := tx.Exec(ctx, sqlSavepoint); err != nil {
+			return 0, translate(err)
 		}
-		return c.failed(ctx, claim, herr)
+	}
+
+	g := newGuard(tx)
+	herr := c.run(ContextWithClaim(ctx, claim), g, msg)
+	if herr == nil {
+		herr = g.check()
+	}
+	if herr != nil {
+		return c.failed(ctx, tx, g, claim, herr)
 	}
 	if p := claim.pending; p != nil {
-		if err := c.inbox.StoreResultTx(ctx, tx, claim, *p); err != nil {
+		if err := inbox.StoreResultTx(ctx, tx, claim, *p); err != nil {
 			return 0, err
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
+	return c.commit(ctx, tx, claim)
+}
+
+// inFlightOr reports a lock timeout as OutcomeInFlight, any other error as is.
+func inFlightOr(err error) (Outcome, error) {
+	if errors.Is(err, ErrInFlight) {
+		return OutcomeInFlight, err
+	}
+	return 0, err
+}
+
+// commit commits the claim and its effects. A COMMIT whose reply was lost is
+// resolved on a fresh connection: committed is reported as claimed, not
+// committed as an error, and an unanswerable question as OutcomeUnknown.
+func (c *Consumer[M]) commit(ctx context.Context, tx pgx.Tx, claim *Claim) (Outcome, error) {
+	err := tx.Commit(ctx)
+	if err == nil {
+		return OutcomeClaimed, nil
+	}
+	if !mayHaveApplied(err) {
 		return 0, translate(err)
 	}
-	return OutcomeClaimed, nil
+	log := c.inbox.cfg.Logger
+	committed, rerr := c.inbox.Resolve(ctx, claim)
+	switch {
+	case rerr != nil:
+		log.ErrorContext(ctx, "dedupe: commit reply lost and the outcome could not be learnt", "scope", claim.Key.Scope,
+			"key", claim.Key.ID, "err", err, "resolve_err", rerr)
+		return OutcomeUnknown, &OutcomeUnknownError{Op: "commit", Key: claim.Key, Err: errors.Join(err, rerr)}
+	case committed:
+		log.WarnContext(ctx, "dedupe: commit reply lost; the transaction committed", "scope", claim.Key.Scope,
+			"key", claim.Key.ID, "err", err)
+		return OutcomeClaimed, nil
+	}
+	return 0, fmt.Errorf("dedupe: commit of %s failed and did not take effect: %w", claim.Key, err)
 }
 
 // run calls the handler, turning a panic into a *PanicError.
@@ -215,28 +270,66 @@ func (c *Consumer[M]) run(ctx context.Context, tx pgx.Tx, msg M) (err error) {
 	return c.handler(ctx, tx, msg)
 }
 
-// failed records a failed attempt after its transaction rolled back.
-func (c *Consumer[M]) failed(ctx context.Context, claim *Claim, herr error) (Outcome, error) {
+// failed ends an attempt whose handler failed. Its effects roll back to the
+// savepoint taken after the claim, the claim row becomes the failure record
+// (attempt counted, key released or marked failed) and that commits: the
+// claim was held all along, so no concurrent duplicate started an attempt
+// this one did not count.
+func (c *Consumer[M]) failed(ctx context.Context, tx pgx.Tx, g *guardedTx, claim *Claim, herr error) (Outcome, error) {
 	key := claim.Key
+	inbox := c.inbox
+	log := inbox.cfg.Logger
 	if ctx.Err() != nil {
 		// Cancelled (shutdown): not the message's fault, not an attempt.
 		return OutcomeRetry, &HandlerError{Key: key, Attempt: claim.Attempt, Err: herr}
 	}
-	attempts, poisoned, err := c.inbox.recordFailure(ctx, key, herr, c.maxAttempts)
+	if terr := translate(herr); errors.Is(terr, ErrRetryable) {
+		// The handler's own statements hit a serialization failure or a
+		// deadlock: run the transaction again without counting an attempt.
+		return 0, terr
+	}
+	var (
+		state    string
+		attempts int
+		err      error
+	)
+	if g.ended() {
+		// The handler ended the transaction; the claim went with it. Count
+		// the attempt on its own.
+		var poisoned bool
+		attempts, poisoned, err = inbox.recordFailure(ctx, key, herr, c.maxAttempts)
+		if poisoned {
+			state = string(StateFailed)
+		}
+	} else {
+		// The rollback goes alone, as a simple query: a transaction aborted
+		// by the handler's failed statement refuses to prepare anything
+		// until it is rolled back to the savepoint.
+		if _, err = tx.Exec(ctx, sqlRollbackSavepoint); err == nil {
+			err = tx.QueryRow(ctx, inbox.q.failTx, inbox.cfg.now(), key.Scope, key.ID, claim.Token, c.maxAttempts,
+				IsPermanent(herr), errorText(herr), inbox.cfg.Retention).Scan(&state, &attempts)
+		}
+		if err == nil {
+			err = tx.Commit(ctx)
+		}
+		err = translate(err)
+	}
 	if err != nil {
-		c.inbox.cfg.Logger.ErrorContext(ctx, "dedupe: record failed attempt", "scope", key.Scope, "key", key.ID, "err", err)
+		// The failure record did not commit (or its reply was lost): the
+		// effects are rolled back either way; the attempt may be uncounted.
+		log.ErrorContext(ctx, "dedupe: record failed attempt", "scope", key.Scope, "key", key.ID, "err", err)
 		return OutcomeRetry, &HandlerError{Key: key, Attempt: claim.Attempt, Err: errors.Join(herr, err)}
 	}
 	if attempts > 0 {
 		claim.Attempt = attempts
 	}
-	he := &HandlerError{Key: key, Attempt: claim.Attempt, Err: herr, Poisoned: poisoned}
+	he := &HandlerError{Key: key, Attempt: claim.Attempt, Err: herr, Poisoned: State(state) == StateFailed}
 	if he.Poisoned {
-		c.inbox.cfg.Logger.ErrorContext(ctx, "dedupe: key marked failed", "scope", key.Scope, "key", key.ID,
+		log.ErrorContext(ctx, "dedupe: key marked failed", "scope", key.Scope, "key", key.ID,
 			"attempts", claim.Attempt, "err", herr)
 		return OutcomePoisoned, he
 	}
-	c.inbox.cfg.Logger.WarnContext(ctx, "dedupe: handler failed", "scope", key.Scope, "key", key.ID,
+	log.WarnContext(ctx, "dedupe: handler failed", "scope", key.Scope, "key", key.ID,
 		"attempt", claim.Attempt, "err", herr)
 	return OutcomeRetry, he
 }

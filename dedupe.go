@@ -36,13 +36,16 @@ import (
 )
 
 // DB is what an Inbox needs from PostgreSQL. *pgxpool.Pool satisfies it (and
-// so does a *pgx.Conn, though it cannot serve concurrent calls).
+// so does a *pgx.Conn, though it cannot serve concurrent calls). SendBatch
+// with pgx.Batch.BeginTx lets the consumer send BEGIN, the claim and its
+// savepoint in one round trip.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // Querier is a connection, pool or transaction that runs statements; the
@@ -87,9 +90,13 @@ type Config struct {
 	// PurgeBatchSize bounds the rows deleted per statement by Purge.
 	// Defaults to 1000.
 	PurgeBatchSize int
-	// Clock returns the current time; tests set it to move leases and
-	// expiries without sleeping. All processes sharing an inbox should agree
-	// on the time within a small fraction of Lease. Defaults to time.Now.
+	// Clock is a test seam, never a correctness knob: when set, its time
+	// stands in for the database server's clock in every lease, expiry,
+	// retention and takeover decision, so that a test moves leases without
+	// sleeping. Defaults to nil: every such decision is computed by
+	// PostgreSQL from its own clock (clock_timestamp()) at the moment the
+	// statement runs, so neither the application's clock nor a reading taken
+	// before a pool or lock wait can decide who holds a key.
 	Clock func() time.Time
 	// Logger receives the inbox's logs. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -120,9 +127,6 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.PurgeBatchSize == 0 {
 		out.PurgeBatchSize = DefaultPurgeBatchSize
 	}
-	if out.Clock == nil {
-		out.Clock = time.Now
-	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -151,6 +155,25 @@ func (c *Config) maxAttemptsParam() int {
 	return c.MaxAttempts
 }
 
+// now is the $1 of every statement that decides by time: nil (the
+// database's own clock) unless a test set Clock.
+func (c *Config) now() *time.Time {
+	if c.Clock == nil {
+		return nil
+	}
+	t := c.Clock()
+	return &t
+}
+
+// wallClock is the application's time (the test clock when set), for the
+// outbox's own arithmetic until it moves onto the database's clock.
+func (c *Config) wallClock() time.Time {
+	if c.Clock == nil {
+		return time.Now()
+	}
+	return c.Clock()
+}
+
 // qualifiedTable returns the quoted, optionally schema-qualified table.
 func (c *Config) qualifiedTable(name string) string {
 	if c.Schema == "" {
@@ -162,9 +185,10 @@ func (c *Config) qualifiedTable(name string) string {
 // Inbox claims keys in one inbox table. It is safe for concurrent use; build
 // one per configuration and share it.
 type Inbox struct {
-	db  DB
-	cfg Config
-	q   queries
+	db    DB
+	cfg   Config
+	q     queries
+	table string // quoted and qualified
 }
 
 // New returns an Inbox over db. cfg may be nil for the defaults. New does not
@@ -177,7 +201,8 @@ func New(db DB, cfg *Config) (*Inbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Inbox{db: db, cfg: c, q: newQueries(c.qualifiedTable(c.Table))}, nil
+	table := c.qualifiedTable(c.Table)
+	return &Inbox{db: db, cfg: c, q: newQueries(table), table: table}, nil
 }
 
 // Config returns the inbox's configuration with defaults filled in.
@@ -207,9 +232,15 @@ const (
 	// OutcomeRetry: Consumer.Handle only: the handler failed, everything was
 	// rolled back, and a redelivery will try again.
 	OutcomeRetry
+	// OutcomeUnknown: the transaction's COMMIT was sent but its reply was
+	// lost, and the library could not learn on a fresh connection whether it
+	// committed (ErrOutcomeUnknown). Nothing may be assumed either way:
+	// redeliver, and the inbox absorbs the redelivery as a duplicate if the
+	// first did commit.
+	OutcomeUnknown
 )
 
-var outcomeNames = [...]string{"", "claimed", "duplicate", "in_flight", "conflict", "poisoned", "retry"}
+var outcomeNames = [...]string{"", "claimed", "duplicate", "in_flight", "conflict", "poisoned", "retry", "unknown"}
 
 // String returns the outcome's lower-case name.
 func (o Outcome) String() string {
@@ -261,13 +292,40 @@ type Claim struct {
 	Token int64
 	// Attempt is the attempt number, starting at 1.
 	Attempt int
-	// LockedUntil is the end of the lease (leased mode, or the holder's lease
-	// for OutcomeInFlight).
+	// LockedUntil is the end of the lease on the database's clock (leased
+	// mode, or the holder's lease for OutcomeInFlight). Do not compare it
+	// with this process's clock; use LeaseLeft.
 	LockedUntil time.Time
 	// Result is the stored result of a duplicate.
 	Result *Result
 
-	pending *Result // set by SetResult inside a Consumer handler
+	pending  *Result  // set by SetResult inside a Consumer handler
+	deadline time.Time // the lease's end on this process's monotonic clock
+	inbox    *Inbox    // the inbox that made the claim (re-entrance check)
+}
+
+// LeaseLeft is how long this attempt may still count on its lease: the
+// lease the database granted (measured by the database when its statement
+// ended), counted down on this process's monotonic clock from the moment the
+// request was sent, so it errs early and never trusts the application's wall
+// clock. It is 0 for a claim without a lease.
+func (c *Claim) LeaseLeft() time.Duration {
+	if c.deadline.IsZero() {
+		return 0
+	}
+	return max(time.Until(c.deadline), 0)
+}
+
+// setLease records the lease the database reported: left is what remained
+// when its statement ended, sent is when this process sent the request.
+func (c *Claim) setLease(until *time.Time, left *time.Duration, sent time.Time) {
+	if until == nil {
+		return
+	}
+	c.LockedUntil = *until
+	if left != nil {
+		c.deadline = sent.Add(*left)
+	}
 }
 
 // DerivedKey returns a stable key for one downstream step of this claim (see
@@ -302,11 +360,13 @@ type Record struct {
 	CreatedAt   time.Time
 	UpdatedAt   time.Time
 	ExpiresAt   time.Time
+	// ReadAt is the database's time when the row was read: compare
+	// LockedUntil and ExpiresAt with it, not with the local clock.
+	ReadAt time.Time
 }
 
-// scanRecord scans recordColumns; with a non-nil taken it scans a leading
-// boolean column into it first.
-func scanRecord(row pgx.Row, taken ...*bool) (*Record, error) {
+// scanRecord scans recordColumns.
+func scanRecord(row pgx.Row) (*Record, error) {
 	var (
 		r       Record
 		state   string
@@ -316,10 +376,7 @@ func scanRecord(row pgx.Row, taken ...*bool) (*Record, error) {
 		lastErr *string
 	)
 	dest := []any{&r.Key.Scope, &r.Key.ID, &state, &r.Key.Fingerprint, &r.Attempts, &r.Token,
-		&r.LockedUntil, &status, &headers, &body, &lastErr, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt}
-	if len(taken) > 0 {
-		dest = append([]any{taken[0]}, dest...)
-	}
+		&r.LockedUntil, &status, &headers, &body, &lastErr, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt, &r.ReadAt}
 	if err := row.Scan(dest...); err != nil {
 		return nil, err
 	}
@@ -351,7 +408,7 @@ func (i *Inbox) Lookup(ctx context.Context, key Key) (*Record, error) {
 }
 
 func (i *Inbox) lookup(ctx context.Context, q Querier, key Key) (*Record, error) {
-	rec, err := scanRecord(q.QueryRow(ctx, i.q.lookup, key.Scope, key.ID))
+	rec, err := scanRecord(q.QueryRow(ctx, i.q.lookup, i.cfg.now(), key.Scope, key.ID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}

@@ -259,3 +259,49 @@ func TestClaimBatchRepeatedKeyOtherFingerprintConflicts(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestClaimBatchRepeatsGetTheKeysOutcome: a key repeated in a batch gets,
+// at every occurrence, the outcome Claim would give it: a poisoned key is
+// poisoned and a key in a live lease is in flight, not "duplicate" (which
+// would make a transport acknowledge a message that never ran).
+func TestClaimBatchRepeatsGetTheKeysOutcome(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	k := func(id string) dedupe.Key { return dedupe.Key{Scope: "topic", ID: id} }
+	poison, err := b.inbox.Begin(ctx, k("poison"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.inbox.Fail(ctx, poison, dedupe.Permanent(errors.New("bad"))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.inbox.Begin(ctx, k("held")); err != nil { // a live lease
+		t.Fatal(err)
+	}
+	done, err := b.inbox.Begin(ctx, k("done"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.inbox.Complete(ctx, done, dedupe.Result{Body: []byte("r")}); err != nil {
+		t.Fatal(err)
+	}
+	keys := []dedupe.Key{k("poison"), k("poison"), k("held"), k("held"), k("done"), k("done"), k("new"), k("new")}
+	var claims []*dedupe.Claim
+	if err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		claims, err = b.inbox.ClaimBatch(ctx, tx, keys)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := []dedupe.Outcome{dedupe.OutcomePoisoned, dedupe.OutcomePoisoned, dedupe.OutcomeInFlight, dedupe.OutcomeInFlight,
+		dedupe.OutcomeDuplicate, dedupe.OutcomeDuplicate, dedupe.OutcomeClaimed, dedupe.OutcomeDuplicate}
+	for n, c := range claims {
+		if c.Outcome != want[n] {
+			t.Errorf("claims[%d] (%s) = %v, want %v", n, keys[n].ID, c.Outcome, want[n])
+		}
+	}
+	if r := claims[5].Result; r == nil || string(r.Body) != "r" {
+		t.Errorf("repeated duplicate's result = %+v, want the stored one", r)
+	}
+}

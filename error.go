@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -49,7 +50,42 @@ var (
 	// ErrRetryable: the database aborted the transaction with a serialization
 	// failure or deadlock; running the whole transaction again is safe.
 	ErrRetryable = errors.New("dedupe: transaction must be retried")
+	// ErrOutcomeUnknown is matched by every *OutcomeUnknownError: a COMMIT
+	// (or an autocommit statement) was sent and its reply was lost, and the
+	// library could not learn whether it took effect. It never means "rolled
+	// back": do not compensate for the work; deliver the message again, and
+	// the inbox absorbs the redelivery if the first did commit.
+	ErrOutcomeUnknown = errors.New("dedupe: outcome unknown: the reply to a commit was lost")
+	// ErrTxOwned: a handler called Commit or Rollback on the transaction
+	// dedupe handed it. The claim and the effects commit together when the
+	// handler returns nil; return an error to roll them back.
+	ErrTxOwned = errors.New("dedupe: the transaction belongs to dedupe: return nil to commit, an error to roll back")
+	// ErrTxEnded: the handler's transaction was ended behind dedupe's back
+	// (a COMMIT or ROLLBACK sent as a statement, or through Conn()), or it is
+	// aborted by a failed statement the handler ignored. Nothing is reported
+	// as processed; statements sent after the end are refused.
+	ErrTxEnded = errors.New("dedupe: the handler's transaction was ended or aborted behind dedupe's back")
+	// ErrReentrant: a handler called Handle (or Claim in a transaction of its
+	// own) for the very key it is handling, which would wait on itself
+	// forever.
+	ErrReentrant = errors.New("dedupe: handler claims its own key again")
 )
+
+// OutcomeUnknownError reports an operation whose reply was lost after the
+// server may have applied it. It matches ErrOutcomeUnknown.
+type OutcomeUnknownError struct {
+	Op  string // "commit", "Begin", "Complete", …
+	Key Key
+	Err error // the connection error, and the failed resolution if any
+}
+
+// Error implements the error interface.
+func (e *OutcomeUnknownError) Error() string {
+	return fmt.Sprintf("dedupe: outcome of %s for %s unknown (the reply was lost): %v", e.Op, e.Key, e.Err)
+}
+
+// Unwrap returns ErrOutcomeUnknown and the cause.
+func (e *OutcomeUnknownError) Unwrap() []error { return []error{ErrOutcomeUnknown, e.Err} }
 
 // KeyError reports why a scope or key was refused. It matches ErrInvalidKey
 // and the specific reason (ErrKeyEmpty, ErrKeyTooLong, ErrKeyInvalidChar).
@@ -156,6 +192,22 @@ const (
 	pgDeadlockDetected     = "40P01"
 	pgUndefinedTable       = "42P01"
 )
+
+// mayHaveApplied reports whether err, returned for a statement (or COMMIT),
+// leaves it unknown whether the server applied it: the connection failed
+// after the request may have been sent. An error the server answered (a
+// *pgconn.PgError) or one pgconn marks safe to retry (nothing was sent) is
+// not such an error.
+func mayHaveApplied(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) || errors.Is(err, pgx.ErrTxClosed) {
+		return false
+	}
+	return !pgconn.SafeToRetry(err)
+}
 
 // translate maps pgx errors onto the package's sentinels, keeping the
 // original in the chain so *pgconn.PgError stays reachable with errors.As.

@@ -117,11 +117,12 @@ func ExampleInbox_Begin() {
 	again, _ := inbox.Begin(ctx, key)
 	fmt.Println(again.Outcome, string(again.Result.Body))
 
-	// A stale holder's completion is refused.
+	// Completing the same claim again (a retry after a lost reply) succeeds
+	// and keeps the stored result; only a stale holder is refused.
 	err = inbox.Complete(ctx, claim, dedupe.Result{})
-	fmt.Println(errors.Is(err, dedupe.ErrLeaseLost))
+	fmt.Println(err == nil, errors.Is(err, dedupe.ErrLeaseLost))
 	// Output:
 	// ran
 	// duplicate sent 42 invoices
-	// true
+	// true false
 }

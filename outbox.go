@@ -149,7 +149,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Querier, msg Message) (string, 
 		q = o.q.enqueueQuiet
 	}
 	if _, err := tx.Exec(ctx, q, msg.ID, msg.Topic, msg.Key, headers, payload,
-		o.cfg.Clock(), o.lockSeed); err != nil {
+		o.cfg.wallClock(), o.lockSeed); err != nil {
 		return "", translate(err)
 	}
 	return msg.ID, nil
@@ -189,7 +189,7 @@ func (o *Outbox) Stats(ctx context.Context) (OutboxStats, error) {
 		return s, translate(err)
 	}
 	if oldest != nil {
-		s.OldestPending = max(o.cfg.Clock().Sub(*oldest), 0)
+		s.OldestPending = max(o.cfg.wallClock().Sub(*oldest), 0)
 	}
 	return s, nil
 }
@@ -213,7 +213,7 @@ func (o *Outbox) Parked(ctx context.Context, limit int) ([]*OutboxMessage, error
 // an operator fixed the cause. It returns ErrNotFound when no parked message
 // has that ID.
 func (o *Outbox) Unpark(ctx context.Context, id string) error {
-	tag, err := o.db.Exec(ctx, o.q.unpark, id, o.cfg.Clock())
+	tag, err := o.db.Exec(ctx, o.q.unpark, id, o.cfg.wallClock())
 	if err != nil {
 		return translate(err)
 	}

@@ -20,15 +20,19 @@ func (i *Inbox) Purge(ctx context.Context, olderThan time.Duration) (int64, erro
 }
 
 // PurgeProgress is Purge calling progress (when not nil) with the running
-// total after every batch.
+// total after every batch. Expiry is judged on the database's clock. A
+// negative olderThan is refused with a *ConfigError: it would delete keys
+// whose retention has not run out.
 func (i *Inbox) PurgeProgress(ctx context.Context, olderThan time.Duration, progress func(deleted int64)) (int64, error) {
+	if olderThan < 0 {
+		return 0, &ConfigError{Field: "olderThan", Reason: "must not be negative (it would purge keys still within their retention)"}
+	}
 	var total int64
 	for {
 		if err := ctx.Err(); err != nil {
 			return total, err
 		}
-		now := i.cfg.Clock()
-		tag, err := i.db.Exec(ctx, i.q.purge, now.Add(-olderThan), now, i.cfg.PurgeBatchSize)
+		tag, err := i.db.Exec(ctx, i.q.purge, i.cfg.now(), olderThan, i.cfg.PurgeBatchSize)
 		if err != nil {
 			return total, translate(err)
 		}

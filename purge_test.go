@@ -132,3 +132,26 @@ func TestRunPurgerPurgesUntilCancelled(t *testing.T) {
 		t.Fatal("RunPurger did not stop")
 	}
 }
+
+// TestPurgeRefusesNegativeAge: a negative olderThan would delete keys still
+// within their retention (before, it did); it is a config error.
+func TestPurgeRefusesNegativeAge(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	c, err := b.inbox.Begin(ctx, dedupe.Key{Scope: "s", ID: "young"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.inbox.Complete(ctx, c, dedupe.Result{}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := b.inbox.Purge(ctx, -365*24*time.Hour)
+	var ce *dedupe.ConfigError
+	if n != 0 || !errors.As(err, &ce) || !errors.Is(err, dedupe.ErrInvalidConfig) {
+		t.Fatalf("purge(-1y) = %d, %v; want 0 and a *ConfigError", n, err)
+	}
+	if _, err := b.inbox.Lookup(ctx, dedupe.Key{Scope: "s", ID: "young"}); err != nil {
+		t.Fatalf("the young key is gone: %v", err)
+	}
+}

@@ -428,7 +428,7 @@ func (r *Relay) cycle(ctx context.Context) (res cycleResult, err error) {
 			return res, &PublishError{Failed: len(failures), Err: failures[0].err}
 		}
 	}
-	now := r.ob.cfg.Clock()
+	now := r.ob.cfg.wallClock()
 	if len(confirmed) > 0 {
 		ids := make([]int64, len(confirmed))
 		for i, m := range confirmed {
@@ -502,7 +502,7 @@ func (r *Relay) backoff(attempt int) time.Duration {
 // later rows of those keys, in id order. A key's later rows are kept only up
 // to the first one that is not due or is parked, so order holds.
 func (r *Relay) claim(ctx context.Context, tx pgx.Tx) (batch []*OutboxMessage, more bool, err error) {
-	now := r.ob.cfg.Clock()
+	now := r.ob.cfg.wallClock()
 	cursor := r.cursor.Load()
 	rows, err := tx.Query(ctx, r.ob.q.window, cursor, r.cfg.ScanWindow)
 	if err != nil {
@@ -650,7 +650,7 @@ func (r *Relay) safePublish(ctx context.Context, wave []*OutboxMessage) (errs []
 // Cleanup deletes published rows older than Retention, in bounded batches,
 // and returns how many it deleted. Run calls it every CleanupInterval.
 func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
-	cutoff := r.ob.cfg.Clock().Add(-r.cfg.Retention)
+	cutoff := r.ob.cfg.wallClock().Add(-r.cfg.Retention)
 	var total int64
 	for {
 		tag, err := r.ob.db.Exec(ctx, r.ob.q.cleanup, cutoff, r.ob.cfg.PurgeBatchSize)

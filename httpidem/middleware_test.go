@@ -620,6 +620,13 @@ func (c *countingDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.
 	return c.DB.QueryRow(ctx, sql, args...)
 }
 
+// SendBatch counts a batch as one statement: it is one round trip (the
+// claim sends its insert and the read of an existing key together).
+func (c *countingDB) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	c.statements.Add(1)
+	return c.DB.SendBatch(ctx, b)
+}
+
 func (c *countingDB) reset() { c.statements.Store(0); c.begins.Store(0); c.commits.Store(0) }
 
 type countingTx struct {

@@ -303,6 +303,10 @@ func (c *countingDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.
 	c.n.Add(1)
 	return c.Pool.QueryRow(ctx, sql, args...)
 }
+func (c *countingDB) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	c.n.Add(1)
+	return c.Pool.SendBatch(ctx, b)
+}
 
 func TestRefusalsDoNoDatabaseWork(t *testing.T) {
 	t.Parallel()

@@ -54,7 +54,9 @@ type recordJSON struct {
 	ExpiresAt jsonTime `json:"expires_at"`
 }
 
-func newRecordJSON(r *dedupe.Record, now time.Time) recordJSON {
+// newRecordJSON renders r; its lease is judged on the database's clock
+// (Record.ReadAt).
+func newRecordJSON(r *dedupe.Record) recordJSON {
 	out := recordJSON{
 		Scope: r.Key.Scope, Key: r.Key.ID, State: r.State, Attempts: r.Attempts, Lease: "none",
 		LastError: r.LastError, CreatedAt: jsonTime{r.CreatedAt}, UpdatedAt: jsonTime{r.UpdatedAt}, ExpiresAt: jsonTime{r.ExpiresAt},
@@ -66,7 +68,7 @@ func newRecordJSON(r *dedupe.Record, now time.Time) recordJSON {
 		out.LockedUntil = jsonTime{*r.LockedUntil}
 		if r.State == dedupe.StateInFlight {
 			out.Lease = "expired"
-			if left := r.LockedUntil.Sub(now); left > 0 {
+			if left := r.LockedUntil.Sub(r.ReadAt); left > 0 {
 				out.Lease = "live"
 				out.LeaseRemaining = left.Round(time.Millisecond).String()
 			}
@@ -141,7 +143,7 @@ func runInspect(ctx context.Context, c *cli, opts any, args []string) int {
 	if err != nil {
 		return c.fail("inspect", err)
 	}
-	r := newRecordJSON(rec, inbox.Config().Clock())
+	r := newRecordJSON(rec)
 	c.emit(c.stdout, r, r.writeText)
 	return exitOK
 }

@@ -66,10 +66,3 @@ func newBodyFields(b []byte) bodyFields {
 	return bodyFields{BodyBase64: b}
 }
 
-// age renders how long ago t was, rounded for people.
-func age(now, t time.Time) string {
-	if t.IsZero() {
-		return "-"
-	}
-	return now.Sub(t).Round(time.Second).String()
-}

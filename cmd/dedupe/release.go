@@ -57,7 +57,7 @@ func runRelease(ctx context.Context, c *cli, opts any, args []string) int {
 	if err != nil {
 		return c.fail("release", err)
 	}
-	shown := newRecordJSON(rec, inbox.Config().Clock())
+	shown := newRecordJSON(rec)
 	if !r.yes {
 		if !c.g.json {
 			writeTable(c.stderr, shown.writeText)

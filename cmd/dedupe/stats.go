@@ -70,12 +70,11 @@ func runStats(ctx context.Context, c *cli, _ any, args []string) int {
 	if err != nil {
 		return c.fail("stats", err)
 	}
-	now := inbox.Config().Clock()
 	out := statsJSON{Table: inbox.Config().Table, Scopes: make([]scopeStatsJSON, 0, len(stats))}
 	for _, s := range stats {
 		row := scopeStatsJSON{Scope: s.Scope, State: s.State, Count: s.Count, LiveLeases: s.LiveLeases, OldestInFlight: jsonTime{s.OldestInFlight}}
 		if !s.OldestInFlight.IsZero() {
-			row.OldestInFlightAge = age(now, s.OldestInFlight)
+			row.OldestInFlightAge = s.OldestInFlightAge.Round(time.Second).String()
 		}
 		out.Total += s.Count
 		out.Scopes = append(out.Scopes, row)

@@ -1,0 +1,191 @@
+package dedupe_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/dedupe"
+)
+
+// TestHandlerRollbackStatementIsNotSuccess: a handler that ends the claim's
+// transaction with a ROLLBACK statement and returns nil must not make Handle
+// report the message processed (before, it did, with nothing committed, so
+// every redelivery ran the effects again). Statements it sends after the
+// ROLLBACK are refused instead of running outside any transaction, and the
+// attempt counts, so a handler that always does this ends poisoned.
+func TestHandlerRollbackStatementIsNotSuccess(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var afterEnd error
+	c := newConsumer(t, b, dedupe.ConsumerConfig[order]{MaxAttempts: 2}, func(ctx context.Context, tx pgx.Tx, o order) error {
+		if err := insertEffect(ctx, tx, o); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "ROLLBACK"); err != nil {
+			return err
+		}
+		afterEnd = insertEffect(ctx, tx, o) // would autocommit an effect without its claim
+		return nil
+	})
+	ctx := context.Background()
+	out, err := c.Handle(ctx, order{ID: "o-rb"})
+	if err == nil || out == dedupe.OutcomeClaimed || !errors.Is(err, dedupe.ErrTxEnded) {
+		t.Fatalf("handle = %v, %v; want a failure matching ErrTxEnded", out, err)
+	}
+	if !errors.Is(afterEnd, dedupe.ErrTxEnded) {
+		t.Fatalf("statement after the ROLLBACK = %v, want refused with ErrTxEnded", afterEnd)
+	}
+	if got := b.effects(t, "o-rb"); got != 0 {
+		t.Fatalf("effects = %d, want 0", got)
+	}
+	out, err = c.Handle(ctx, order{ID: "o-rb"})
+	if out != dedupe.OutcomePoisoned || !errors.Is(err, dedupe.ErrPoisoned) {
+		t.Fatalf("second attempt = %v, %v; want poisoned after MaxAttempts", out, err)
+	}
+}
+
+// TestHandlerCannotCommitOrRollBack: Commit and Rollback on the handler's
+// transaction are refused with ErrTxOwned; the claim and the effects commit
+// when the handler returns nil. Before, a handler's Rollback ended the claim's
+// transaction and the message was redelivered forever.
+func TestHandlerCannotCommitOrRollBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var commitErr, rollbackErr error
+	c := newConsumer(t, b, dedupe.ConsumerConfig[order]{}, func(ctx context.Context, tx pgx.Tx, o order) error {
+		if err := insertEffect(ctx, tx, o); err != nil {
+			return err
+		}
+		commitErr = tx.Commit(ctx)
+		rollbackErr = tx.Rollback(ctx)
+		return nil
+	})
+	out, err := c.Handle(context.Background(), order{ID: "o-own"})
+	if err != nil || out != dedupe.OutcomeClaimed {
+		t.Fatalf("handle = %v, %v", out, err)
+	}
+	if !errors.Is(commitErr, dedupe.ErrTxOwned) || !errors.Is(rollbackErr, dedupe.ErrTxOwned) {
+		t.Fatalf("commit = %v, rollback = %v; want ErrTxOwned", commitErr, rollbackErr)
+	}
+	if got := b.effects(t, "o-own"); got != 1 {
+		t.Fatalf("effects = %d, want 1", got)
+	}
+}
+
+// TestHandlerIgnoringAFailedStatementFails: a handler that swallows a failed
+// statement leaves the transaction aborted; returning nil must not be
+// reported as processed.
+func TestHandlerIgnoringAFailedStatementFails(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, b, dedupe.ConsumerConfig[order]{}, func(ctx context.Context, tx pgx.Tx, o order) error {
+		_, _ = tx.Exec(ctx, "SELECT 1/0")
+		return nil
+	})
+	out, err := c.Handle(context.Background(), order{ID: "o-div"})
+	if out != dedupe.OutcomeRetry || !errors.Is(err, dedupe.ErrTxEnded) {
+		t.Fatalf("handle = %v, %v; want retry with ErrTxEnded", out, err)
+	}
+	rec, err := b.inbox.Lookup(context.Background(), dedupe.Key{Scope: "orders", ID: "o-div"})
+	if err != nil || rec.State != dedupe.StateInFlight || rec.Attempts != 1 {
+		t.Fatalf("record = %+v, %v; want the attempt counted, key released", rec, err)
+	}
+}
+
+// TestHandlerSavepointsStillWork: a handler may use savepoints (pgx's
+// nested transactions) inside the claim's transaction.
+func TestHandlerSavepointsStillWork(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, b, dedupe.ConsumerConfig[order]{}, func(ctx context.Context, tx pgx.Tx, o order) error {
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if err := insertEffect(ctx, sp, order{ID: o.ID + "-undone"}); err != nil {
+			return err
+		}
+		if err := sp.Rollback(ctx); err != nil {
+			return err
+		}
+		return insertEffect(ctx, tx, o)
+	})
+	if out, err := c.Handle(context.Background(), order{ID: "o-sp"}); err != nil || out != dedupe.OutcomeClaimed {
+		t.Fatalf("handle = %v, %v", out, err)
+	}
+	if b.effects(t, "o-sp") != 1 || b.effects(t, "o-sp-undone") != 0 {
+		t.Fatal("savepoint inside the handler did not behave")
+	}
+}
+
+// TestHandleOwnKeyFromHandlerIsRefused: a handler that calls Handle (or
+// Begin) for the key it is handling would wait on its own uncommitted claim
+// forever; it gets ErrReentrant at once. Before, it deadlocked.
+func TestHandleOwnKeyFromHandlerIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var inner, innerBegin error
+	var c *dedupe.Consumer[order]
+	c = newConsumer(t, b, dedupe.ConsumerConfig[order]{}, func(ctx context.Context, tx pgx.Tx, o order) error {
+		if o.ID != "o-re" {
+			return insertEffect(ctx, tx, o) // the child
+		}
+		_, inner = c.Handle(ctx, o)
+		_, innerBegin = b.inbox.Begin(ctx, dedupe.Key{Scope: "orders", ID: o.ID})
+		// Another key is fine.
+		if _, err := c.Handle(ctx, order{ID: o.ID + "-child"}); err != nil {
+			return err
+		}
+		return insertEffect(ctx, tx, o)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if out, err := c.Handle(ctx, order{ID: "o-re"}); err != nil || out != dedupe.OutcomeClaimed {
+		t.Fatalf("handle = %v, %v", out, err)
+	}
+	if !errors.Is(inner, dedupe.ErrReentrant) || !errors.Is(innerBegin, dedupe.ErrReentrant) {
+		t.Fatalf("inner handle = %v, begin = %v; want ErrReentrant", inner, innerBegin)
+	}
+	if b.effects(t, "o-re") != 1 || b.effects(t, "o-re-child") != 1 {
+		t.Fatal("effects missing")
+	}
+}
+
+// TestAttemptLimitExactUnderConcurrency: with MaxAttempts 3, waves of
+// concurrent deliveries of one failing message run the handler exactly 3
+// times; then the key is failed. Before, the handler ran 3 to 9 times,
+// because a failed attempt was counted only after its claim was released.
+func TestAttemptLimitExactUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const maxAttempts = 3
+	for k := range 5 {
+		id := "o-fail-" + string(rune('a'+k))
+		var runs atomic.Int64
+		c := newConsumer(t, b, dedupe.ConsumerConfig[order]{MaxAttempts: maxAttempts}, func(ctx context.Context, tx pgx.Tx, o order) error {
+			runs.Add(1)
+			if err := insertEffect(ctx, tx, o); err != nil {
+				return err
+			}
+			return errors.New("always fails")
+		})
+		for wave := 0; wave < 4; wave++ {
+			together(12, func(int) { _, _ = c.Handle(context.Background(), order{ID: id}) })
+		}
+		if got := runs.Load(); got != maxAttempts {
+			t.Errorf("%s: handler ran %d times, want exactly %d", id, got, maxAttempts)
+		}
+		rec, err := b.inbox.Lookup(context.Background(), dedupe.Key{Scope: "orders", ID: id})
+		if err != nil || rec.State != dedupe.StateFailed || rec.Attempts != maxAttempts {
+			t.Errorf("%s: record = %+v, %v; want failed after %d attempts", id, rec, err, maxAttempts)
+		}
+		if got := b.effects(t, id); got != 0 {
+			t.Errorf("%s: effects = %d, want 0", id, got)
+		}
+	}
+}
