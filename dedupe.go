@@ -299,7 +299,7 @@ type Claim struct {
 	// Result is the stored result of a duplicate.
 	Result *Result
 
-	pending  *Result  // set by SetResult inside a Consumer handler
+	pending  *Result   // set by SetResult inside a Consumer handler
 	deadline time.Time // the lease's end on this process's monotonic clock
 	inbox    *Inbox    // the inbox that made the claim (re-entrance check)
 }

@@ -65,4 +65,3 @@ func newBodyFields(b []byte) bodyFields {
 	}
 	return bodyFields{BodyBase64: b}
 }
-
