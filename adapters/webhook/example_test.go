@@ -93,7 +93,9 @@ func ExampleNewStripe() {
 	// 400 invalid signature
 }
 
-// GitHub's delivery id is the key; its event type comes in a header.
+// GitHub signs the body only, so the key is the body's hash (GitHubKey):
+// a redelivery and a replay under another delivery id are both duplicates.
+// The delivery id and the event type come in headers.
 func ExampleNewGitHub() {
 	inbox, pool, cleanup := exampleInbox()
 	defer cleanup()
@@ -116,14 +118,18 @@ func ExampleNewGitHub() {
 	}
 	fmt.Println(deliver(h, header, body))
 	fmt.Println(deliver(h, header, body)) // "Redeliver" in GitHub's settings
+	replay := header.Clone()
+	replay.Set("X-Github-Delivery", "00000000-0000-0000-0000-000000000001")
+	fmt.Println(deliver(h, replay, body)) // the signed body under a made-up id
 
 	var n int
 	_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM events WHERE type = 'push'`).Scan(&n)
-	fmt.Println("rows:", n)
+	fmt.Println("rows:", n, "key:", webhook.GitHubKey([]byte(body))[:15]+"…")
 	// Output:
 	// 200 processed
 	// 200 duplicate
-	// rows: 1
+	// 200 duplicate
+	// rows: 1 key: sha256:090ba1b9…
 }
 
 // Standard Webhooks (Svix and others) sign "<id>.<timestamp>.<body>" with

@@ -195,6 +195,7 @@ func (v *HMACVerifier) Verify(header http.Header, body []byte, now time.Time) (E
 		}
 		ev.ID = id
 	}
+	ev.Key = ev.ID
 	if v.TypeHeader != "" {
 		ev.Type = strings.TrimSpace(header.Get(v.TypeHeader))
 	} else if v.TypeField != "" {

@@ -128,7 +128,8 @@ func TestGitHubVerify(t *testing.T) {
 		"X-Github-Event":      {"push"},
 	}
 	ev, err := v.Verify(h, []byte("Hello, World!"), now)
-	if err != nil || ev.ID != "72d3162e-cc78-11e3-81ab-4c9367dc0958" || ev.Type != "push" {
+	if err != nil || ev.ID != "72d3162e-cc78-11e3-81ab-4c9367dc0958" || ev.Type != "push" ||
+		ev.Key != "sha256:dffd6021bb2bd5b0af676290809ec3a53191dd81c7f70a4b28688a362182986f" { // sha256sum of the body
 		t.Fatalf("documented vector: %+v, %v", ev, err)
 	}
 	if _, err := v.Verify(h, []byte("Hello, World?"), now); !errors.Is(err, webhook.ErrSignatureMismatch) {
@@ -279,7 +280,7 @@ func TestHMACVerify(t *testing.T) {
 	}
 	for name, c := range cases {
 		ev, err := c.v.Verify(c.h, body, now)
-		if err != nil || ev.ID != c.wantID || ev.Type != c.wantTyp {
+		if err != nil || ev.ID != c.wantID || ev.Key != c.wantID || ev.Type != c.wantTyp {
 			t.Errorf("%s: %+v, %v", name, ev, err)
 		}
 	}
