@@ -205,6 +205,51 @@ func ExampleNewHMAC() {
 	// 400 invalid signature
 }
 
+// A sender that puts the event id in a header must sign it: SignedContent
+// lays out the signed bytes, here "<id>.<timestamp>.<body>". The id of one
+// signed delivery cannot be swapped for another's.
+func ExampleNewHMAC_signedIDHeader() {
+	inbox, _, cleanup := exampleInbox()
+	defer cleanup()
+
+	h, err := webhook.NewHMAC(inbox, webhook.HMACConfig{
+		HMACVerifier: webhook.HMACVerifier{
+			Name:            "acme",
+			Secrets:         []string{"acme-secret"},
+			SignatureHeader: "X-Acme-Signature",
+			SignedContent:   "{id}.{timestamp}.{body}",
+			IDHeader:        "X-Acme-Id",
+			TimestampHeader: "X-Acme-Timestamp",
+		},
+		Config: webhook.Config{OnError: func(*http.Request, int, error) {}},
+	}, func(ctx context.Context, tx pgx.Tx, ev webhook.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO events VALUES ($1, $2)`, ev.ID, ev.Type)
+		return err
+	})
+	if err != nil {
+		panic(err)
+	}
+	body := `{"order":42}`
+	ts := strconv.FormatInt(time.Now().Unix(), 10)
+	mac := hmac.New(sha256.New, []byte("acme-secret"))
+	mac.Write([]byte("ev_1." + ts + "." + body))
+	header := http.Header{"X-Acme-Id": {"ev_1"}, "X-Acme-Timestamp": {ts}, "X-Acme-Signature": {hex.EncodeToString(mac.Sum(nil))}}
+	fmt.Println(deliver(h, header, body))
+	header.Set("X-Acme-Id", "ev_2") // an attempt to claim ev_2 with ev_1's signature
+	fmt.Println(deliver(h, header, body))
+
+	// Without {id} in SignedContent, the id header is refused at once.
+	_, err = webhook.NewHMAC(inbox, webhook.HMACConfig{HMACVerifier: webhook.HMACVerifier{
+		Secrets: []string{"acme-secret"}, IDHeader: "X-Acme-Id"}},
+		func(context.Context, pgx.Tx, webhook.Event) error { return nil })
+	var ce *webhook.ConfigError
+	fmt.Println(errors.As(err, &ce), ce.Field)
+	// Output:
+	// 200 processed
+	// 400 invalid signature
+	// true IDHeader
+}
+
 // Parsing a Stripe-Signature header on its own, e.g. to log which scheme a
 // sender used.
 func ExampleParseStripeSignature() {

@@ -163,6 +163,99 @@ func TestGitHubPoisonedBodyStaysFailedUnderNewIDs(t *testing.T) {
 	}
 }
 
+// The generic receiver refuses an id header that the signature does not
+// cover: with it, a valid signature for one body could claim any id.
+func TestHMACUnsignedIDHeaderRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	nop := func(context.Context, pgx.Tx, webhook.Event) error { return nil }
+	for name, v := range map[string]webhook.HMACVerifier{
+		"body signed":           {Secrets: []string{hmacSecret}, IDHeader: "X-Event-Id"},
+		"timestamp.body signed": {Secrets: []string{hmacSecret}, IDHeader: "X-Event-Id", TimestampHeader: "X-Timestamp"},
+	} {
+		_, err := webhook.NewHMAC(b.inbox, webhook.HMACConfig{HMACVerifier: v}, nop)
+		var ce *webhook.ConfigError
+		if !errors.Is(err, webhook.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != "IDHeader" ||
+			!strings.Contains(ce.Reason, "not covered by the signature") {
+			t.Errorf("%s: NewHMAC = %v, want a *ConfigError on IDHeader saying it is not covered by the signature", name, err)
+		}
+		if _, err := webhook.New(b.inbox, &v, webhook.Config{}, nop); !errors.As(err, &ce) || ce.Field != "IDHeader" {
+			t.Errorf("%s: New = %v, want the same refusal", name, err)
+		}
+		if _, err := v.Verify(http.Header{}, []byte(`{}`), now); !errors.As(err, &ce) || ce.Field != "IDHeader" {
+			t.Errorf("%s: Verify = %v, want the same refusal", name, err)
+		}
+	}
+}
+
+// acme is a generic sender that puts the event id in a header and signs it.
+var acme = webhook.HMACVerifier{Name: "acme", Secrets: []string{hmacSecret}, SignatureHeader: "X-Acme-Signature",
+	SignedContent: "{id}.{timestamp}.{body}", TimestampHeader: "X-Acme-Timestamp", IDHeader: "X-Acme-Id", TypeField: "kind"}
+
+// acmeDelivery signs body for id at now as acme does: hex HMAC-SHA256 of
+// "<id>.<timestamp>.<body>".
+func acmeDelivery(id string, body []byte) http.Header {
+	ts := strconv.FormatInt(now.Unix(), 10)
+	return http.Header{"X-Acme-Id": {id}, "X-Acme-Timestamp": {ts},
+		"X-Acme-Signature": {hexMAC(hmacSecret, id+"."+ts+"."+string(body))}}
+}
+
+// An attacker who holds evt_1's signed delivery sends it with the id header
+// evt_2, before and while the genuine evt_2 arrives: every forgery is
+// refused and evt_2 is processed once, with its own body.
+func TestHMACSignedIDCannotPreClaim(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h, err := webhook.NewHMAC(b.inbox, webhook.HMACConfig{HMACVerifier: acme,
+		Config: webhook.Config{Clock: clock, OnError: func(*http.Request, int, error) {}}}, record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := serve(t, h)
+	paid := []byte(`{"kind":"order.paid","order":1}`)
+	genuine1 := acmeDelivery("evt_1", paid)
+	if status, text, _ := post(t, srv.URL, genuine1, paid); status != 200 || strings.TrimSpace(text) != "processed" {
+		t.Fatalf("genuine evt_1: %d %q", status, text)
+	}
+	forge := func(id string) http.Header {
+		h := genuine1.Clone()
+		h.Set("X-Acme-Id", id)
+		return h
+	}
+	if status, text, _ := post(t, srv.URL, forge("evt_2"), paid); status != 400 || strings.TrimSpace(text) != "invalid signature" {
+		t.Errorf("evt_1's delivery under id evt_2: %d %q, want 400 invalid signature", status, text)
+	}
+	refunded := []byte(`{"kind":"order.refunded","order":1}`)
+	if status, text, _ := post(t, srv.URL, acmeDelivery("evt_2", refunded), refunded); status != 200 || strings.TrimSpace(text) != "processed" {
+		t.Errorf("genuine evt_2 after the forgery: %d %q, want 200 processed", status, text)
+	}
+	// Racing: forgeries under evt_3 fired with the genuine evt_3.
+	shipped := []byte(`{"kind":"order.shipped","order":1}`)
+	const n = 12
+	statuses, texts := make([]int, n+1), make([]string, n+1)
+	together(n+1, func(i int) {
+		if i == n {
+			statuses[i], texts[i], _ = post(t, srv.URL, acmeDelivery("evt_3", shipped), shipped)
+			return
+		}
+		statuses[i], texts[i], _ = post(t, srv.URL, forge("evt_3"), paid)
+	})
+	if statuses[n] != 200 || strings.TrimSpace(texts[n]) != "processed" {
+		t.Errorf("genuine evt_3 racing %d forgeries: %d %q, want 200 processed", n, statuses[n], texts[n])
+	}
+	if got := tally(statuses[:n], texts[:n]); got["400 invalid signature"] != n {
+		t.Errorf("forgeries under evt_3: %v, want %d refused", got, n)
+	}
+	for id, typ := range map[string]string{"evt_1": "order.paid", "evt_2": "order.refunded", "evt_3": "order.shipped"} {
+		if got := b.db.Count(t, "SELECT count(*) FROM effects WHERE event_id = $1 AND event_type = $2", id, typ); got != 1 {
+			t.Errorf("effects of %s with its own body = %d, want 1", id, got)
+		}
+	}
+	if got := b.effects(t); got != 3 {
+		t.Errorf("effects = %d, want 3", got)
+	}
+}
+
 // The audit of every built-in verifier: whatever header of a signed
 // delivery is changed (every one but the signature itself, and a new one
 // added), the delivery is refused or keeps its key. So the key depends on
@@ -188,6 +281,7 @@ func TestVerifierKeyOnlyFromSignedMaterial(t *testing.T) {
 			"Webhook-Timestamp": {ts}, "Webhook-Signature": {standardHeader(standardSecret, "msg_1", now, standardBody)}}, standardBody, "msg_1"},
 		{"svix", &webhook.StandardVerifier{Secrets: []string{standardSecret}}, http.Header{"Svix-Id": {"msg_1"},
 			"Svix-Timestamp": {ts}, "Svix-Signature": {standardHeader(standardSecret, "msg_1", now, standardBody)}}, standardBody, "msg_1"},
+		{"hmac, signed id header", &acme, acmeDelivery("evt_1", acmeBody), acmeBody, "evt_1"},
 		{"hmac, id from the body", &webhook.HMACVerifier{Secrets: []string{hmacSecret}, TimestampHeader: "X-Acme-Timestamp",
 			IDField: "event.id", TypeHeader: "X-Acme-Type"},
 			http.Header{"X-Acme-Timestamp": {ts}, "X-Acme-Type": {"paid"}, "X-Signature": {hexMAC(hmacSecret, ts+"."+string(acmeBody))}},
@@ -219,6 +313,81 @@ func TestVerifierKeyOnlyFromSignedMaterial(t *testing.T) {
 					t.Errorf("%s: %s set to %q: accepted with key %q, want refused or key %q", c.name, k, val, got.Key, c.wantKey)
 				}
 			}
+		}
+	}
+}
+
+// A SignedContent layout that does not bind every part of the event, or
+// whose bytes could be read in two ways, is refused at construction.
+func TestHMACSignedContentRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	nop := func(context.Context, pgx.Tx, webhook.Event) error { return nil }
+	base := webhook.HMACVerifier{Secrets: []string{hmacSecret}}
+	with := func(content, tsHeader, idHeader string) webhook.HMACVerifier {
+		v := base
+		v.SignedContent, v.TimestampHeader, v.IDHeader = content, tsHeader, idHeader
+		return v
+	}
+	cases := []struct {
+		name  string
+		v     webhook.HMACVerifier
+		field string
+		says  string
+	}{
+		{"id header unsigned", with("{timestamp}.{body}", "X-Ts", "X-Id"), "IDHeader", "not covered by the signature"},
+		{"timestamp header unsigned", with("{id}.{body}", "X-Ts", "X-Id"), "TimestampHeader", "not covered by the signature"},
+		{"{id} without IDHeader", with("{id}.{body}", "", ""), "SignedContent", "needs IDHeader"},
+		{"{timestamp} without TimestampHeader", with("{timestamp}.{body}", "", ""), "SignedContent", "needs TimestampHeader"},
+		{"no body", with("{id}.{timestamp}.", "X-Ts", "X-Id"), "SignedContent", "must end with {body}"},
+		{"body not last", with("{body}.{id}.", "", "X-Id"), "SignedContent", "must end with {body}"},
+		{"body twice", with("{body}.{body}", "", ""), "SignedContent", "twice"},
+		{"id glued to the body", with("{id}{body}", "", "X-Id"), "SignedContent", "followed by a separator"},
+		{"id glued to the timestamp", with("{id}{timestamp}.{body}", "X-Ts", "X-Id"), "SignedContent", "followed by a separator"},
+		{"digit after the timestamp", with("{timestamp}0{body}", "X-Ts", ""), "SignedContent", "digit"},
+		{"unknown token", with("{nonce}.{body}", "", ""), "SignedContent", "unknown token"},
+		{"stray brace", with("}{body}", "", ""), "SignedContent", "brace"},
+		{"open brace", with("{body", "", ""), "SignedContent", "brace"},
+	}
+	for _, c := range cases {
+		_, err := webhook.NewHMAC(b.inbox, webhook.HMACConfig{HMACVerifier: c.v}, nop)
+		var ce *webhook.ConfigError
+		if !errors.Is(err, webhook.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != c.field || !strings.Contains(ce.Reason, c.says) {
+			t.Errorf("%s: %v, want a *ConfigError on %s saying %q", c.name, err, c.field, c.says)
+		}
+	}
+	// The control: the layouts of real senders are accepted.
+	for _, v := range []webhook.HMACVerifier{
+		with("", "", ""), with("", "X-Ts", ""), with("{id}.{timestamp}.{body}", "X-Ts", "X-Id"),
+		with("v0:{timestamp}:{body}", "X-Ts", ""), with("{id}\n{body}", "", "X-Id"), with("{body}", "", ""),
+	} {
+		if _, err := webhook.NewHMAC(b.inbox, webhook.HMACConfig{HMACVerifier: v}, nop); err != nil {
+			t.Errorf("layout %q: %v", v.SignedContent, err)
+		}
+	}
+}
+
+// A signed id that contains its separator could be read in two ways
+// ("a.b" + "." + body and "a" + "." + "b.body"); it is refused, as is a
+// delivery without the id header.
+func TestHMACSignedIDRefusals(t *testing.T) {
+	t.Parallel()
+	body := []byte(`{"kind":"x"}`)
+	for name, c := range map[string]struct {
+		h    http.Header
+		want error
+	}{
+		"id with the separator": {acmeDelivery("evt.1", body), webhook.ErrMalformedSignature},
+		"no id header": {func() http.Header {
+			h := acmeDelivery("evt_1", body)
+			h.Del("X-Acme-Id")
+			return h
+		}(), webhook.ErrMissingSignature},
+	} {
+		_, err := acme.Verify(c.h, body, now)
+		var se *webhook.SignatureError
+		if !errors.Is(err, c.want) || !errors.As(err, &se) || se.Header != "X-Acme-Id" {
+			t.Errorf("%s: %v, want a *SignatureError on X-Acme-Id matching %v", name, err, c.want)
 		}
 	}
 }

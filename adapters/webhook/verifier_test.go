@@ -264,12 +264,20 @@ func TestHMACVerify(t *testing.T) {
 			h:      http.Header{"X-Signature": {hex.EncodeToString(hmacSHA256([]byte("s"), body))}},
 			wantID: "e-9", wantTyp: "paid",
 		},
-		"base64 sha1 with prefix, id from header, rotated secret": {
+		"base64 sha1 with prefix, signed id from header, rotated secret": {
 			v: webhook.HMACVerifier{Name: "acme", Secrets: []string{"new", "old"}, SignatureHeader: "x-acme-signature",
-				Prefix: "sha1=", Hash: sha1.New, Encoding: webhook.EncodingBase64, IDHeader: "X-Acme-Id", TypeHeader: "X-Acme-Type"},
-			h: http.Header{"X-Acme-Signature": {"SHA1=" + base64.StdEncoding.EncodeToString(sha1mac("old", body))},
+				Prefix: "sha1=", Hash: sha1.New, Encoding: webhook.EncodingBase64, SignedContent: "{id}:{body}",
+				IDHeader: "X-Acme-Id", TypeHeader: "X-Acme-Type"},
+			h: http.Header{"X-Acme-Signature": {"SHA1=" + base64.StdEncoding.EncodeToString(sha1mac("old", append([]byte("a-1:"), body...)))},
 				"X-Acme-Id": {"a-1"}, "X-Acme-Type": {"ping"}},
 			wantID: "a-1", wantTyp: "ping",
+		},
+		"slack-like layout": {
+			v: webhook.HMACVerifier{Secrets: []string{"s"}, Prefix: "v0=", SignedContent: "v0:{timestamp}:{body}",
+				TimestampHeader: "X-Slack-Request-Timestamp", IDField: "event.id"},
+			h: http.Header{"X-Slack-Request-Timestamp": {strconv.FormatInt(now.Unix(), 10)},
+				"X-Signature": {"v0=" + hex.EncodeToString(hmacSHA256([]byte("s"), []byte("v0:"+strconv.FormatInt(now.Unix(), 10)+":"+string(body))))}},
+			wantID: "e-9",
 		},
 		"base64url with timestamp": {
 			v: webhook.HMACVerifier{Secrets: []string{"s"}, Encoding: webhook.EncodingBase64URL, TimestampHeader: "X-Timestamp", IDField: "event.id"},
