@@ -74,6 +74,10 @@ func handWritten(db *dbtest.DB, secret string) http.Handler {
 	})
 }
 
+// round counts the runs of BenchmarkGitHubReceiver in this process, and
+// run the runs of its sub-benchmarks.
+var round, run int
+
 // BenchmarkGitHubReceiver compares the package's GitHub receiver with the
 // hand-written equivalent above, for new events and for duplicates, calling
 // ServeHTTP directly (no network) on a real PostgreSQL. The ratios are
@@ -112,20 +116,25 @@ func BenchmarkGitHubReceiver(b *testing.B) {
 			b.Fatalf("%s: %d %q, want %s", id, rec.Code, rec.Body.String(), want)
 		}
 	}
+	// Every run (-count rounds, b.N probes) gets ids of its own, so that a
+	// "new" event is new in every round.
+	round++
 	perOp := map[string]time.Duration{}
 	for _, kind := range []string{"new", "duplicate"} {
 		for _, r := range receivers {
 			b.Run(kind+"/"+r.name, func(b *testing.B) {
+				run++
+				dup := fmt.Sprintf("dup-%s-%d-%d", r.name, round, run)
 				if kind == "duplicate" {
-					send(b, r.h, "dup-"+r.name, "processed")
+					send(b, r.h, dup, "processed")
 				}
 				n := 0
 				for b.Loop() {
 					n++
 					if kind == "new" {
-						send(b, r.h, fmt.Sprintf("%s-%d-%d", r.name, b.N, n), "processed")
+						send(b, r.h, fmt.Sprintf("%s-%d-%d-%d", r.name, round, run, n), "processed")
 					} else {
-						send(b, r.h, "dup-"+r.name, "duplicate")
+						send(b, r.h, dup, "duplicate")
 					}
 				}
 				perOp[kind+"/"+r.name] = b.Elapsed() / time.Duration(max(n, 1))
