@@ -5,6 +5,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -18,9 +19,11 @@ import (
 )
 
 // sender simulates a provider: it delivers each published event over HTTP,
-// signed as GitHub signs, and re-sends it with backoff on any non-2xx answer
-// or transport error until it gets a 2xx or gives up after maxTries, as
-// providers do.
+// signed as Standard Webhooks senders (Svix) sign, with the suite's id as
+// webhook-id, and re-sends it, signed anew, with backoff on any non-2xx
+// answer or transport error until it gets a 2xx or gives up after maxTries,
+// as providers do. (GitHub cannot stand in: its key is the body's hash, not
+// the id the suite publishes.)
 type sender struct {
 	mu      sync.Mutex
 	cond    *sync.Cond
@@ -86,9 +89,10 @@ func (s *sender) deliver(ctx context.Context, url string, d delivery) {
 		if err != nil {
 			return
 		}
-		req.Header.Set("X-Hub-Signature-256", githubHeader(githubSecret, d.body))
-		req.Header.Set("X-GitHub-Delivery", d.id)
-		req.Header.Set("X-GitHub-Event", "suite")
+		ts := time.Now()
+		req.Header.Set("Webhook-Id", d.id)
+		req.Header.Set("Webhook-Timestamp", strconv.FormatInt(ts.Unix(), 10))
+		req.Header.Set("Webhook-Signature", standardHeader(standardSecret, d.id, ts, d.body))
 		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			resp.Body.Close()
@@ -119,7 +123,7 @@ func TestAdapterSuite(t *testing.T) {
 					return s.pending, nil
 				},
 				Start: func(ctx context.Context, inbox *dedupe.Inbox, cfg adaptertest.RunConfig, effect adaptertest.Effect) func() error {
-					h, err := webhook.NewGitHub(inbox, webhook.GitHubConfig{Secrets: []string{githubSecret},
+					h, err := webhook.NewStandard(inbox, webhook.StandardConfig{Secrets: []string{standardSecret},
 						Config: webhook.Config{MaxAttempts: cfg.MaxAttempts, OnError: func(*http.Request, int, error) {}}},
 						func(ctx context.Context, tx pgx.Tx, ev webhook.Event) error { return effect(ctx, tx, ev.ID, ev.Body) })
 					if err != nil {

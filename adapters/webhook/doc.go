@@ -13,9 +13,28 @@
 //     and, where the provider signs a timestamp, refusing one more than the
 //     tolerance (default 5 minutes) away: 400 with a short reason and no
 //     database work;
-//  3. claims the event id in the dedupe inbox inside the transaction that
-//     runs the handler, so that the claim and the handler's writes commit
-//     together. The scope is "webhook:<provider>:<endpoint>".
+//  3. claims the event's dedup key (Event.Key) in the dedupe inbox inside
+//     the transaction that runs the handler, so that the claim and the
+//     handler's writes commit together. The scope is
+//     "webhook:<provider>:<endpoint>".
+//
+// The key comes only from what the signature covers, never from an unsigned
+// header, so that a signed delivery produces its effects at most once
+// whatever headers come with it, and nobody can make another event a
+// duplicate:
+//
+//   - Stripe: the "id" of the JSON body, which the signature ("<t>.<body>")
+//     covers.
+//   - Standard Webhooks (Svix): webhook-id, which the signature
+//     ("<id>.<timestamp>.<body>") covers.
+//   - Generic HMAC: a field of the verified JSON body (IDField), or an id
+//     header that HMACVerifier.SignedContent covers with {id}; an IDHeader
+//     the signature does not cover is refused by New with a *ConfigError.
+//   - GitHub: GitHubKey(body), "sha256:" and the hex SHA-256 of the body,
+//     because the signature covers the body only: X-GitHub-Delivery is not
+//     signed and is Event.ID for logs alone. Two deliveries with
+//     byte-identical bodies are then one event, within the inbox's
+//     retention; see NewGitHub for the trade-off.
 //
 // A processed event and a duplicate both get 200, so the provider stops. A
 // failed handler gets 500 and rolls back with its claim, so the provider's

@@ -93,7 +93,9 @@ func ExampleNewStripe() {
 	// 400 invalid signature
 }
 
-// GitHub's delivery id is the key; its event type comes in a header.
+// GitHub signs the body only, so the key is the body's hash (GitHubKey):
+// a redelivery and a replay under another delivery id are both duplicates.
+// The delivery id and the event type come in headers.
 func ExampleNewGitHub() {
 	inbox, pool, cleanup := exampleInbox()
 	defer cleanup()
@@ -116,14 +118,18 @@ func ExampleNewGitHub() {
 	}
 	fmt.Println(deliver(h, header, body))
 	fmt.Println(deliver(h, header, body)) // "Redeliver" in GitHub's settings
+	replay := header.Clone()
+	replay.Set("X-Github-Delivery", "00000000-0000-0000-0000-000000000001")
+	fmt.Println(deliver(h, replay, body)) // the signed body under a made-up id
 
 	var n int
 	_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM events WHERE type = 'push'`).Scan(&n)
-	fmt.Println("rows:", n)
+	fmt.Println("rows:", n, "key:", webhook.GitHubKey([]byte(body))[:15]+"…")
 	// Output:
 	// 200 processed
 	// 200 duplicate
-	// rows: 1
+	// 200 duplicate
+	// rows: 1 key: sha256:090ba1b9…
 }
 
 // Standard Webhooks (Svix and others) sign "<id>.<timestamp>.<body>" with
@@ -197,6 +203,51 @@ func ExampleNewHMAC() {
 	// 200 processed
 	// refused: X-Acme-Signature true
 	// 400 invalid signature
+}
+
+// A sender that puts the event id in a header must sign it: SignedContent
+// lays out the signed bytes, here "<id>.<timestamp>.<body>". The id of one
+// signed delivery cannot be swapped for another's.
+func ExampleNewHMAC_signedIDHeader() {
+	inbox, _, cleanup := exampleInbox()
+	defer cleanup()
+
+	h, err := webhook.NewHMAC(inbox, webhook.HMACConfig{
+		HMACVerifier: webhook.HMACVerifier{
+			Name:            "acme",
+			Secrets:         []string{"acme-secret"},
+			SignatureHeader: "X-Acme-Signature",
+			SignedContent:   "{id}.{timestamp}.{body}",
+			IDHeader:        "X-Acme-Id",
+			TimestampHeader: "X-Acme-Timestamp",
+		},
+		Config: webhook.Config{OnError: func(*http.Request, int, error) {}},
+	}, func(ctx context.Context, tx pgx.Tx, ev webhook.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO events VALUES ($1, $2)`, ev.ID, ev.Type)
+		return err
+	})
+	if err != nil {
+		panic(err)
+	}
+	body := `{"order":42}`
+	ts := strconv.FormatInt(time.Now().Unix(), 10)
+	mac := hmac.New(sha256.New, []byte("acme-secret"))
+	mac.Write([]byte("ev_1." + ts + "." + body))
+	header := http.Header{"X-Acme-Id": {"ev_1"}, "X-Acme-Timestamp": {ts}, "X-Acme-Signature": {hex.EncodeToString(mac.Sum(nil))}}
+	fmt.Println(deliver(h, header, body))
+	header.Set("X-Acme-Id", "ev_2") // an attempt to claim ev_2 with ev_1's signature
+	fmt.Println(deliver(h, header, body))
+
+	// Without {id} in SignedContent, the id header is refused at once.
+	_, err = webhook.NewHMAC(inbox, webhook.HMACConfig{HMACVerifier: webhook.HMACVerifier{
+		Secrets: []string{"acme-secret"}, IDHeader: "X-Acme-Id"}},
+		func(context.Context, pgx.Tx, webhook.Event) error { return nil })
+	var ce *webhook.ConfigError
+	fmt.Println(errors.As(err, &ce), ce.Field)
+	// Output:
+	// 200 processed
+	// 400 invalid signature
+	// true IDHeader
 }
 
 // Parsing a Stripe-Signature header on its own, e.g. to log which scheme a

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,6 +74,9 @@ func FuzzVerifiers(f *testing.F) {
 	github := &webhook.GitHubVerifier{Secrets: []string{githubSecret}}
 	standard := &webhook.StandardVerifier{Secrets: []string{standardSecret}}
 	generic := &webhook.HMACVerifier{Secrets: []string{hmacSecret}, Prefix: "sha256=", TimestampHeader: "X-Timestamp", IDField: "a.b"}
+	signedID := &webhook.HMACVerifier{Name: "signed", Secrets: []string{hmacSecret}, Prefix: "sha256=",
+		SignedContent: "{id}.{timestamp}.{body}", TimestampHeader: "X-Timestamp", IDHeader: "X-Event-Id"}
+	verifiers := []webhook.Verifier{stripe, github, standard, generic, signedID}
 	f.Fuzz(func(t *testing.T, stripeSig, githubSig, standardSig, ts, id string, body []byte) {
 		h := http.Header{}
 		h.Set("Stripe-Signature", stripeSig)
@@ -83,7 +87,8 @@ func FuzzVerifiers(f *testing.F) {
 		h.Set("Webhook-Timestamp", ts)
 		h.Set("X-Timestamp", ts)
 		h.Set("Webhook-Signature", standardSig)
-		for _, v := range []webhook.Verifier{stripe, github, standard, generic} {
+		h.Set("X-Event-Id", id)
+		for _, v := range verifiers {
 			_, err := v.Verify(h, body, now)
 			var se *webhook.SignatureError
 			var ee *webhook.EventError
@@ -96,15 +101,75 @@ func FuzzVerifiers(f *testing.F) {
 		h.Set("Stripe-Signature", stripeHeader(now, body, stripeSecret))
 		h.Set("X-Hub-Signature-256", githubHeader(githubSecret, body))
 		h.Set("Webhook-Timestamp", strconv.FormatInt(now.Unix(), 10))
-		signedID := "msg_fuzz"
-		h.Set("Webhook-Id", signedID)
-		h.Set("Webhook-Signature", standardHeader(standardSecret, signedID, now, body))
-		h.Set("X-Timestamp", strconv.FormatInt(now.Add(-time.Minute).Unix(), 10))
-		h.Set("X-Signature", "sha256="+hexMAC(hmacSecret, strconv.FormatInt(now.Add(-time.Minute).Unix(), 10)+"."+string(body)))
-		for _, v := range []webhook.Verifier{stripe, github, standard, generic} {
-			if _, err := v.Verify(h, body, now); errors.Is(err, webhook.ErrInvalidSignature) {
+		standardID := "msg_fuzz"
+		h.Set("Webhook-Id", standardID)
+		h.Set("Webhook-Signature", standardHeader(standardSecret, standardID, now, body))
+		minute := strconv.FormatInt(now.Add(-time.Minute).Unix(), 10)
+		h.Set("X-Timestamp", minute)
+		for _, v := range verifiers {
+			switch v {
+			case generic:
+				h.Set("X-Signature", "sha256="+hexMAC(hmacSecret, minute+"."+string(body)))
+			case signedID:
+				h.Set("X-Signature", "sha256="+hexMAC(hmacSecret, id+"."+minute+"."+string(body)))
+			}
+			ev, err := v.Verify(h, body, now)
+			if v == signedID && (id == "" || strings.Contains(id, ".") || id != h.Get("X-Event-Id")) {
+				continue // refused as it must be: no id, or one that holds the separator
+			}
+			if errors.Is(err, webhook.ErrInvalidSignature) {
 				t.Fatalf("%s: correctly signed body refused: %v", v.Provider(), err)
 			}
+			if v == signedID && err == nil && (ev.ID != id || ev.Key != id) {
+				t.Fatalf("signed id %q read as %q, key %q", id, ev.ID, ev.Key)
+			}
+		}
+	})
+}
+
+// FuzzHMACSignedContent checks that a layout New accepts binds what it
+// signs: a signature made for (id1, body1) never verifies (id2, body2)
+// unless they are the same, whatever the layout and the values.
+func FuzzHMACSignedContent(f *testing.F) {
+	f.Add("{id}.{timestamp}.{body}", "evt_1", "evt_2", []byte(`{"a":1}`), []byte(`{"a":1}`))
+	f.Add("{id}.{body}", "a", "a.b", []byte(`b.c`), []byte(`c`))
+	f.Add("{id}.{timestamp}.{body}", "a", "a.1772366400", []byte(`1772366400.c`), []byte(`c`))
+	f.Add("{id}{body}", "ab", "a", []byte(`c`), []byte(`bc`))
+	f.Add("v0:{timestamp}:{body}", "", "", []byte(`x`), []byte(`y`))
+	f.Add("{body}", "", "", []byte(`x`), []byte(`x`))
+	ts := strconv.FormatInt(now.Unix(), 10)
+	render := strings.NewReplacer // the layout as the sender's code would fill it
+	f.Fuzz(func(t *testing.T, layout, id1, id2 string, body1, body2 []byte) {
+		v := &webhook.HMACVerifier{Secrets: []string{hmacSecret}, SignedContent: layout}
+		if strings.Contains(layout, webhook.SignedTimestamp) {
+			v.TimestampHeader = "X-Timestamp"
+		}
+		if strings.Contains(layout, webhook.SignedID) {
+			v.IDHeader = "X-Event-Id"
+		} else {
+			id1, id2 = "", ""
+			v.IDField = "id"
+		}
+		signed := render(webhook.SignedID, id1, webhook.SignedTimestamp, ts, webhook.SignedBody, string(body1)).Replace(layout)
+		h := http.Header{"X-Timestamp": {ts}, "X-Signature": {hexMAC(hmacSecret, signed)}}
+		if id2 != "" {
+			h["X-Event-Id"] = []string{id2} // as sent, not canonicalized by Set
+		}
+		ev, err := v.Verify(h, body2, now)
+		var ce *webhook.ConfigError
+		if errors.As(err, &ce) {
+			return // a layout New refuses
+		}
+		var se *webhook.SignatureError
+		var ee *webhook.EventError
+		if err != nil && !errors.As(err, &se) && !errors.As(err, &ee) {
+			t.Fatalf("layout %q: untyped error %v", layout, err)
+		}
+		if errors.Is(err, webhook.ErrInvalidSignature) {
+			return
+		}
+		if id1 != id2 || string(body1) != string(body2) {
+			t.Fatalf("layout %q: the signature of (%q, %q) verified (%q, %q) as event %+v", layout, id1, body1, id2, body2, ev)
 		}
 	})
 }

@@ -109,8 +109,9 @@ type Handler struct {
 type validator interface{ validate() error }
 
 // New returns a Handler that authenticates deliveries with v and runs h once
-// per event id, in the transaction that claims the id in inbox. Use
-// NewStripe, NewGitHub, NewStandard or NewHMAC for the built-in providers.
+// per dedup key (Event.Key, or Event.ID when v leaves Key empty), in the
+// transaction that claims the key in inbox. Use NewStripe, NewGitHub,
+// NewStandard or NewHMAC for the built-in providers.
 //
 // Responses:
 //
@@ -135,6 +136,7 @@ type validator interface{ validate() error }
 // No payload fingerprint is stored with the key: providers may rebuild the
 // payload of a re-send (Stripe's pending_webhooks counter, for one), so the
 // same event id with another body is the same event, not a client bug.
+// (GitHub's key is the body's hash, so there the question does not arise.)
 func New(inbox *dedupe.Inbox, v Verifier, cfg Config, h dedupe.HandlerFunc[Event]) (*Handler, error) {
 	if v == nil {
 		return nil, &ConfigError{Field: "verifier", Reason: "must not be nil"}
@@ -151,7 +153,7 @@ func New(inbox *dedupe.Inbox, v Verifier, cfg Config, h dedupe.HandlerFunc[Event
 	provider := v.Provider()
 	consumer, err := dedupe.NewConsumer(inbox, dedupe.ConsumerConfig[Event]{
 		Scope:       Scope(provider, c.Endpoint),
-		Key:         func(e Event) (string, error) { return e.ID, nil },
+		Key:         func(e Event) (string, error) { return e.key(), nil },
 		LockTimeout: c.LockTimeout,
 		MaxAttempts: c.MaxAttempts,
 	}, h)

@@ -36,6 +36,22 @@ type provider struct {
 	handler func(inbox *dedupe.Inbox, cfg webhook.Config, h func(context.Context, pgx.Tx, webhook.Event) error) (*webhook.Handler, error)
 	// sign returns a freshly signed delivery of event id.
 	sign func(id string) (http.Header, []byte)
+	// key is the dedup key of event id; nil means id itself.
+	key func(id string) string
+}
+
+// keyOf returns the dedup key p claims for event id.
+func (p provider) keyOf(id string) string {
+	if p.key == nil {
+		return id
+	}
+	return p.key(id)
+}
+
+// githubBody is the body of GitHub event id: like GitHub's own, it carries
+// the ids of what it reports, so distinct events have distinct bodies.
+func githubBody(id string) []byte {
+	return []byte(`{"action":"opened","number":1,"pull_request":{"node_id":"` + id + `"}}`)
 }
 
 var providers = []provider{
@@ -55,10 +71,11 @@ var providers = []provider{
 			return webhook.NewGitHub(inbox, webhook.GitHubConfig{Secrets: []string{githubSecret}, Config: cfg}, h)
 		},
 		sign: func(id string) (http.Header, []byte) {
-			body := []byte(`{"action":"opened","number":1}`)
+			body := githubBody(id)
 			return http.Header{"X-Hub-Signature-256": {githubHeader(githubSecret, body)},
 				"X-Github-Delivery": {id}, "X-Github-Event": {"pull_request"}}, body
 		},
+		key: func(id string) string { return webhook.GitHubKey(githubBody(id)) },
 	},
 	{
 		name: "standard",
@@ -122,8 +139,8 @@ func TestConcurrentDeliveriesOneRow(t *testing.T) {
 			if got := b.effects(t); got != 1 {
 				t.Errorf("effects = %d, want 1", got)
 			}
-			if got := b.db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE scope = $1 AND key = 'evt_concurrent' AND state = 'complete'",
-				webhook.Scope(p.name, "default")); got != 1 {
+			if got := b.db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE scope = $1 AND key = $2 AND state = 'complete'",
+				webhook.Scope(p.name, "default"), p.keyOf("evt_concurrent")); got != 1 {
 				t.Errorf("inbox rows = %d, want 1", got)
 			}
 			if runs.Load() != 1 {
@@ -182,7 +199,7 @@ func TestHandlerFailureThenRedelivery(t *testing.T) {
 			if calls.Load() != 3 {
 				t.Fatalf("handler ran %d times, want 3", calls.Load())
 			}
-			if n := b.db.Count(t, "SELECT attempts FROM dedupe_inbox WHERE key = 'evt_flaky'"); n != 3 {
+			if n := b.db.Count(t, "SELECT attempts FROM dedupe_inbox WHERE key = $1", p.keyOf("evt_flaky")); n != 3 {
 				t.Fatalf("attempts = %d, want 3", n)
 			}
 			var he *dedupe.HandlerError
@@ -217,7 +234,7 @@ func TestPoisonedEventKeepsFailing(t *testing.T) {
 		t.Fatalf("handler ran %d times, want 2", calls.Load())
 	}
 	// An operator releases the key; the provider's next retry is processed.
-	if err := b.inbox.Release(context.Background(), dedupe.Key{Scope: h.Scope(), ID: "evt_poison"}); err != nil {
+	if err := b.inbox.Release(context.Background(), dedupe.Key{Scope: h.Scope(), ID: p.keyOf("evt_poison")}); err != nil {
 		t.Fatal(err)
 	}
 	hdr, body := p.sign("evt_poison")

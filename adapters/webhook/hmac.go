@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"fmt"
 	"hash"
 	"net/http"
 	"strings"
@@ -36,8 +37,16 @@ func NewHMAC(inbox *dedupe.Inbox, cfg HMACConfig, h dedupe.HandlerFunc[Event]) (
 	return New(inbox, &v, cfg.Config, h)
 }
 
-// HMACVerifier verifies a generic HMAC signature header. The MAC covers the
-// body, or "<timestamp>.<body>" when TimestampHeader is set.
+// HMACVerifier verifies a generic HMAC signature header. The MAC covers
+// SignedContent: the body, or the body with a timestamp and an event id
+// laid out as the sender signs them.
+//
+// The dedup key is the event id, and it comes only from signed material:
+// from the verified JSON body (IDField, the default), or from IDHeader when
+// SignedContent covers it ({id}). An IDHeader that the signature does not
+// cover is refused by New with a *ConfigError: with it, a valid signature
+// for one body could claim any id, and the real event of that id would be
+// dropped as a duplicate.
 type HMACVerifier struct {
 	// Name is the provider's name in the dedup scope. Defaults to "hmac".
 	Name string
@@ -52,6 +61,17 @@ type HMACVerifier struct {
 	Hash func() hash.Hash
 	// Encoding of the MAC in the header. Defaults to EncodingHex.
 	Encoding Encoding
+	// SignedContent is the layout of the bytes the MAC covers: the tokens
+	// {body} (the raw body), {timestamp} (TimestampHeader's value) and {id}
+	// (IDHeader's value) between literal text, e.g. "{id}.{timestamp}.{body}"
+	// or "v0:{timestamp}:{body}". {body} must come last; {timestamp} is
+	// required exactly when TimestampHeader is set, {id} exactly when
+	// IDHeader is; each is followed by a literal separator, and a delivery
+	// whose id contains the separator's first byte is refused, so that the
+	// signed bytes decode in one way only. Braces are reserved for the
+	// tokens. Defaults to "{timestamp}.{body}" when TimestampHeader is set,
+	// else "{body}".
+	SignedContent string
 	// TimestampHeader, when set, names a header with the send time in Unix
 	// seconds; it is then part of the signed content and checked against
 	// Tolerance. Defaults to "" (no timestamp).
@@ -59,14 +79,16 @@ type HMACVerifier struct {
 	// Tolerance bounds the age (and future skew) of the timestamp. Defaults
 	// to 5 minutes.
 	Tolerance time.Duration
-	// IDHeader names the header carrying the event id. Defaults to "" (use
-	// IDField).
+	// IDHeader names the header carrying the event id, which SignedContent
+	// must cover with {id}; see the type's documentation. Defaults to ""
+	// (use IDField).
 	IDHeader string
 	// IDField is the dotted path of the event id in the JSON body, e.g.
 	// "id" or "event.id", read when IDHeader is empty. Defaults to "id".
 	IDField string
-	// TypeHeader names the header carrying the event type. Defaults to ""
-	// (use TypeField).
+	// TypeHeader names the header carrying the event type. It is not
+	// covered by the signature: prefer TypeField when the sender puts the
+	// type in the body. Defaults to "" (use TypeField).
 	TypeHeader string
 	// TypeField is the dotted path of the event type in the JSON body, read
 	// when TypeHeader is empty. Defaults to "" (no type).
@@ -91,18 +113,55 @@ func (v *HMACVerifier) sigHeader() string {
 func (v *HMACVerifier) Provider() string { return v.name() }
 
 func (v *HMACVerifier) validate() error {
+	_, err := v.check()
+	return err
+}
+
+// check validates the verifier and returns its signed-content layout.
+func (v *HMACVerifier) check() (layout, error) {
 	if err := validateSecrets(v.Secrets); err != nil {
-		return err
+		return nil, err
 	}
 	switch {
 	case v.Encoding < EncodingHex || v.Encoding > EncodingBase64URL:
-		return &ConfigError{Field: "Encoding", Reason: "unknown encoding"}
+		return nil, &ConfigError{Field: "Encoding", Reason: "unknown encoding"}
 	case v.Tolerance < 0:
-		return &ConfigError{Field: "Tolerance", Reason: "must be positive"}
+		return nil, &ConfigError{Field: "Tolerance", Reason: "must be positive"}
 	case strings.ContainsAny(v.name(), ":\x00"):
-		return &ConfigError{Field: "Name", Reason: "must not contain ':' or NUL"}
+		return nil, &ConfigError{Field: "Name", Reason: "must not contain ':' or NUL"}
 	}
-	return nil
+	return v.layout()
+}
+
+// layout parses SignedContent (or its default) and checks it against the
+// headers: every header that feeds the event must be covered by the MAC.
+func (v *HMACVerifier) layout() (layout, error) {
+	content := v.SignedContent
+	switch {
+	case content != "":
+	case v.TimestampHeader != "":
+		content = SignedTimestamp + "." + SignedBody
+	default:
+		content = SignedBody
+	}
+	l, err := parseLayout(content)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case v.IDHeader != "" && !l.has(partID):
+		return nil, &ConfigError{Field: "IDHeader", Reason: "not covered by the signature (SignedContent has no " + SignedID +
+			"): a valid signature for one body could claim any id and make the real event of that id a duplicate; " +
+			"put " + SignedID + " in SignedContent if the sender signs the id, else leave IDHeader empty and read the id from the verified body with IDField"}
+	case v.IDHeader == "" && l.has(partID):
+		return nil, &ConfigError{Field: "SignedContent", Reason: SignedID + " needs IDHeader"}
+	case v.TimestampHeader != "" && !l.has(partTimestamp):
+		return nil, &ConfigError{Field: "TimestampHeader", Reason: "not covered by the signature (SignedContent has no " + SignedTimestamp +
+			"): a replay could carry any timestamp"}
+	case v.TimestampHeader == "" && l.has(partTimestamp):
+		return nil, &ConfigError{Field: "SignedContent", Reason: SignedTimestamp + " needs TimestampHeader"}
+	}
+	return l, nil
 }
 
 // decode parses the signature header value into the MAC.
@@ -140,7 +199,8 @@ func (v *HMACVerifier) decode(value string) ([]byte, error) {
 
 // Verify implements Verifier.
 func (v *HMACVerifier) Verify(header http.Header, body []byte, now time.Time) (Event, error) {
-	if err := v.validate(); err != nil {
+	lay, err := v.check()
+	if err != nil {
 		return Event{}, err
 	}
 	mac, err := v.decode(header.Get(v.sigHeader()))
@@ -162,15 +222,25 @@ func (v *HMACVerifier) Verify(header http.Header, body []byte, now time.Time) (E
 			return Event{}, &SignatureError{Provider: v.name(), Header: th, Reason: ErrMalformedSignature, Detail: "not a Unix time"}
 		}
 	}
+	// A signed id is used exactly as it was signed: the key is the signed
+	// bytes, never a normalized form of them.
+	var signedID string
+	if v.IDHeader != "" {
+		ih := http.CanonicalHeaderKey(v.IDHeader)
+		signedID = header.Get(ih)
+		if signedID == "" {
+			return Event{}, &SignatureError{Provider: v.name(), Header: ih, Reason: ErrMissingSignature}
+		}
+		if sep, _ := lay.separator(partID); strings.IndexByte(signedID, sep) >= 0 {
+			return Event{}, &SignatureError{Provider: v.name(), Header: ih, Reason: ErrMalformedSignature,
+				Detail: fmt.Sprintf("contains %q, the separator after %s", sep, SignedID)}
+		}
+	}
 	hf := v.Hash
 	if hf == nil {
 		hf = sha256.New
 	}
-	signed := [][]byte{body}
-	if rawTS != "" {
-		signed = [][]byte{[]byte(rawTS), []byte("."), body}
-	}
-	if err := checkMAC(v.name(), v.sigHeader(), hf, v.Secrets, [][]byte{mac}, signed...); err != nil {
+	if err := checkMAC(v.name(), v.sigHeader(), hf, v.Secrets, [][]byte{mac}, lay.parts(signedID, rawTS, body)...); err != nil {
 		return Event{}, err
 	}
 	if rawTS != "" {
@@ -180,10 +250,7 @@ func (v *HMACVerifier) Verify(header http.Header, body []byte, now time.Time) (E
 	}
 	ev := Event{Timestamp: ts}
 	if v.IDHeader != "" {
-		ev.ID = strings.TrimSpace(header.Get(v.IDHeader))
-		if ev.ID == "" {
-			return Event{}, &EventError{Provider: v.name(), Field: http.CanonicalHeaderKey(v.IDHeader), Reason: "missing"}
-		}
+		ev.ID = signedID
 	} else {
 		field := v.IDField
 		if field == "" {
@@ -195,6 +262,7 @@ func (v *HMACVerifier) Verify(header http.Header, body []byte, now time.Time) (E
 		}
 		ev.ID = id
 	}
+	ev.Key = ev.ID
 	if v.TypeHeader != "" {
 		ev.Type = strings.TrimSpace(header.Get(v.TypeHeader))
 	} else if v.TypeField != "" {

@@ -167,5 +167,5 @@ func (v *StandardVerifier) Verify(header http.Header, body []byte, now time.Time
 		return Event{}, err
 	}
 	typ, _ := jsonField(body, "type")
-	return Event{ID: id, Type: typ, Timestamp: ts}, nil
+	return Event{ID: id, Key: id, Type: typ, Timestamp: ts}, nil
 }

@@ -138,7 +138,7 @@ func (v *StripeVerifier) Verify(header http.Header, body []byte, now time.Time) 
 	if id == "" {
 		return Event{}, &EventError{Provider: "stripe", Field: "id", Reason: "missing"}
 	}
-	return Event{ID: id, Type: typ, Timestamp: sig.Timestamp}, nil
+	return Event{ID: id, Key: id, Type: typ, Timestamp: sig.Timestamp}, nil
 }
 
 // validateSecrets refuses an empty list or an empty secret.

@@ -29,6 +29,11 @@ type Verifier interface {
 	// any signed timestamp against now, and only then reads the event id
 	// and type. It must not do any I/O. A refusal is a *SignatureError or an
 	// *EventError.
+	//
+	// The returned Event's Key (or its ID, when Key is empty) is the dedup
+	// key: it must come only from what the signature covers, never from an
+	// unsigned header, or one signed delivery could run again under new
+	// keys, or claim another event's key and make that event a duplicate.
 	Verify(header http.Header, body []byte, now time.Time) (Event, error)
 }
 

@@ -128,7 +128,8 @@ func TestGitHubVerify(t *testing.T) {
 		"X-Github-Event":      {"push"},
 	}
 	ev, err := v.Verify(h, []byte("Hello, World!"), now)
-	if err != nil || ev.ID != "72d3162e-cc78-11e3-81ab-4c9367dc0958" || ev.Type != "push" {
+	if err != nil || ev.ID != "72d3162e-cc78-11e3-81ab-4c9367dc0958" || ev.Type != "push" ||
+		ev.Key != "sha256:dffd6021bb2bd5b0af676290809ec3a53191dd81c7f70a4b28688a362182986f" { // sha256sum of the body
 		t.Fatalf("documented vector: %+v, %v", ev, err)
 	}
 	if _, err := v.Verify(h, []byte("Hello, World?"), now); !errors.Is(err, webhook.ErrSignatureMismatch) {
@@ -263,12 +264,20 @@ func TestHMACVerify(t *testing.T) {
 			h:      http.Header{"X-Signature": {hex.EncodeToString(hmacSHA256([]byte("s"), body))}},
 			wantID: "e-9", wantTyp: "paid",
 		},
-		"base64 sha1 with prefix, id from header, rotated secret": {
+		"base64 sha1 with prefix, signed id from header, rotated secret": {
 			v: webhook.HMACVerifier{Name: "acme", Secrets: []string{"new", "old"}, SignatureHeader: "x-acme-signature",
-				Prefix: "sha1=", Hash: sha1.New, Encoding: webhook.EncodingBase64, IDHeader: "X-Acme-Id", TypeHeader: "X-Acme-Type"},
-			h: http.Header{"X-Acme-Signature": {"SHA1=" + base64.StdEncoding.EncodeToString(sha1mac("old", body))},
+				Prefix: "sha1=", Hash: sha1.New, Encoding: webhook.EncodingBase64, SignedContent: "{id}:{body}",
+				IDHeader: "X-Acme-Id", TypeHeader: "X-Acme-Type"},
+			h: http.Header{"X-Acme-Signature": {"SHA1=" + base64.StdEncoding.EncodeToString(sha1mac("old", append([]byte("a-1:"), body...)))},
 				"X-Acme-Id": {"a-1"}, "X-Acme-Type": {"ping"}},
 			wantID: "a-1", wantTyp: "ping",
+		},
+		"slack-like layout": {
+			v: webhook.HMACVerifier{Secrets: []string{"s"}, Prefix: "v0=", SignedContent: "v0:{timestamp}:{body}",
+				TimestampHeader: "X-Slack-Request-Timestamp", IDField: "event.id"},
+			h: http.Header{"X-Slack-Request-Timestamp": {strconv.FormatInt(now.Unix(), 10)},
+				"X-Signature": {"v0=" + hex.EncodeToString(hmacSHA256([]byte("s"), []byte("v0:"+strconv.FormatInt(now.Unix(), 10)+":"+string(body))))}},
+			wantID: "e-9",
 		},
 		"base64url with timestamp": {
 			v: webhook.HMACVerifier{Secrets: []string{"s"}, Encoding: webhook.EncodingBase64URL, TimestampHeader: "X-Timestamp", IDField: "event.id"},
@@ -279,7 +288,7 @@ func TestHMACVerify(t *testing.T) {
 	}
 	for name, c := range cases {
 		ev, err := c.v.Verify(c.h, body, now)
-		if err != nil || ev.ID != c.wantID || ev.Type != c.wantTyp {
+		if err != nil || ev.ID != c.wantID || ev.Key != c.wantID || ev.Type != c.wantTyp {
 			t.Errorf("%s: %+v, %v", name, ev, err)
 		}
 	}

@@ -1,6 +1,10 @@
 // Command webhook-receiver receives Stripe, GitHub and Standard Webhooks
 // deliveries, verifies their signatures and records each event exactly once
-// in the table webhook_events, however often the provider re-sends it.
+// in the table webhook_events, however often the provider re-sends it, and
+// however often anyone replays a signed delivery under other headers: the
+// dedup key is the signed event id (Stripe, Standard Webhooks) or, since
+// GitHub signs only the body, the body's hash (event_id holds GitHub's
+// unsigned delivery id, for reference).
 //
 //	DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \
 //	STRIPE_WEBHOOK_SECRET=whsec_... GITHUB_WEBHOOK_SECRET=... STANDARD_WEBHOOK_SECRET=whsec_... \
@@ -60,7 +64,7 @@ type Secrets struct {
 }
 
 // recordEvent is every route's handler: it runs in the transaction that
-// claims the event id, so the row and the claim commit together.
+// claims the event's key, so the row and the claim commit together.
 func recordEvent(ctx context.Context, tx pgx.Tx, ev webhook.Event) error {
 	_, err := tx.Exec(ctx, insertEvent, ev.Provider, ev.ID, ev.Type)
 	return err

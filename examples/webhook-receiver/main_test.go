@@ -124,6 +124,11 @@ func TestReceiverRecordsEachEventOnce(t *testing.T) {
 			t.Errorf("%s redelivery: %d %q", d.path, s, text)
 		}
 	}
+	// GitHub signs the body only: the same body under a made-up delivery id
+	// is a replay, answered as a duplicate.
+	if s, text := send(t, srv.URL, githubEvent("00000000-0000-0000-0000-000000000001", "push")); s != 200 || text != "duplicate" {
+		t.Errorf("github replay under a new delivery id: %d %q, want 200 duplicate", s, text)
+	}
 	// A forged delivery and a wrong method are refused.
 	forged := githubEvent("forged", "push")
 	forged.body = `{"zen":"tampered"}`

@@ -122,7 +122,8 @@ func TestWebhookRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	generic, err := webhook.NewHMAC(e.inbox, webhook.HMACConfig{HMACVerifier: webhook.HMACVerifier{
-		Secrets: []string{hmacSecret}, SignatureHeader: "X-Signature", TimestampHeader: "X-Timestamp", IDHeader: "X-Event-Id",
+		Secrets: []string{hmacSecret}, SignatureHeader: "X-Signature", SignedContent: "{id}.{timestamp}.{body}",
+		TimestampHeader: "X-Timestamp", IDHeader: "X-Event-Id",
 	}, Config: cfg}, h)
 	if err != nil {
 		t.Fatal(err)
@@ -153,7 +154,7 @@ func TestWebhookRefusals(t *testing.T) {
 	hmacReq := func(id string, ts time.Time, body, secret string) request {
 		t := strconv.FormatInt(ts.Unix(), 10)
 		return request{method: http.MethodPost, body: body, header: hdr("X-Event-Id", id, "X-Timestamp", t,
-			"X-Signature", hex.EncodeToString(mac([]byte(secret), t, ".", body)))}
+			"X-Signature", hex.EncodeToString(mac([]byte(secret), id, ".", t, ".", body)))}
 	}
 	big := `{"id":"evt_big","pad":"` + strings.Repeat("x", maxBody) + `"}`
 	sigErr := func(err error) bool { var se *webhook.SignatureError; return errors.As(err, &se) }
@@ -256,6 +257,15 @@ func TestWebhookRefusals(t *testing.T) {
 		{"hmac: stale timestamp", "hmac", hmacReq("ev-1", now.Add(-time.Hour), "{}", hmacSecret), 400,
 			[]error{webhook.ErrInvalidSignature, webhook.ErrStaleTimestamp}, tsErr},
 		{"hmac: no event id", "hmac", hmacReq("", now, "{}", hmacSecret), 400,
+			[]error{webhook.ErrInvalidSignature, webhook.ErrMissingSignature}, sigErr},
+		{"hmac: id changed after signing (a pre-claim)", "hmac", func() request {
+			r := hmacReq("ev-1", now, "{}", hmacSecret)
+			r.header.Set("X-Event-Id", "ev-2")
+			return r
+		}(), 400, []error{webhook.ErrInvalidSignature, webhook.ErrSignatureMismatch}, sigErr},
+		{"hmac: id holding the separator", "hmac", hmacReq("ev.1", now, "{}", hmacSecret), 400,
+			[]error{webhook.ErrInvalidSignature, webhook.ErrMalformedSignature}, sigErr},
+		{"hmac: id of 256 bytes", "hmac", hmacReq(strings.Repeat("e", 256), now, "{}", hmacSecret), 400,
 			[]error{webhook.ErrMalformedEvent}, evErr},
 	}
 	for _, c := range cases {
@@ -341,6 +351,16 @@ func TestWebhookConfigRefusals(t *testing.T) {
 			_, err := webhook.NewHMAC(e.inbox, webhook.HMACConfig{}, h)
 			return err
 		},
+		"hmac with an id header the signature does not cover": func() error {
+			_, err := webhook.NewHMAC(e.inbox, webhook.HMACConfig{HMACVerifier: webhook.HMACVerifier{
+				Secrets: []string{"s"}, TimestampHeader: "X-Timestamp", IDHeader: "X-Event-Id"}}, h)
+			return err
+		},
+		"hmac with a signed content that leaves the body out": func() error {
+			_, err := webhook.NewHMAC(e.inbox, webhook.HMACConfig{HMACVerifier: webhook.HMACVerifier{
+				Secrets: []string{"s"}, SignedContent: "{id}.", IDHeader: "X-Event-Id"}}, h)
+			return err
+		},
 		"negative MaxBodyBytes": func() error {
 			_, err := webhook.NewGitHub(e.inbox, webhook.GitHubConfig{Secrets: []string{"s"}, Config: webhook.Config{MaxBodyBytes: -1}}, h)
 			return err
@@ -359,10 +379,16 @@ func TestWebhookConfigRefusals(t *testing.T) {
 		},
 	}
 	fields := map[string]string{
-		"stripe without secrets": "Secrets", "github without secrets": "Secrets",
-		"standard with a secret that is not base64": "Secrets", "hmac without secrets": "Secrets",
-		"negative MaxBodyBytes": "MaxBodyBytes", "endpoint with a control char": "Scope",
-		"nil inbox": "inbox", "nil handler": "handler",
+		"stripe without secrets":                              "Secrets",
+		"github without secrets":                              "Secrets",
+		"standard with a secret that is not base64":           "Secrets",
+		"hmac without secrets":                                "Secrets",
+		"hmac with an id header the signature does not cover": "IDHeader",
+		"hmac with a signed content that leaves the body out": "SignedContent",
+		"negative MaxBodyBytes":                               "MaxBodyBytes",
+		"endpoint with a control char":                        "Scope",
+		"nil inbox":                                           "inbox",
+		"nil handler":                                         "handler",
 	}
 	for name, call := range cases {
 		err := call()
