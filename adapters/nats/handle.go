@@ -15,9 +15,11 @@ import (
 // transaction, then the broker action its outcome calls for (see the package
 // documentation). Run calls it for every message; call it yourself only when
 // you fetch messages yourself. The message is marked in progress while
-// Handle has it, and cancelling ctx is treated as a shutdown. The Event it
-// returns was also passed to Config.Metrics (with any KindRetry events of
-// database failures it waited out before).
+// Handle has it, and cancelling ctx is treated as a shutdown (see Run; like
+// Run, Handle does not return before a message at its last delivery is
+// recorded as failed or dead-lettered). The Event it returns was also passed
+// to Config.Metrics (with any KindRetry events of database failures it
+// waited out before).
 func (r *Runner) Handle(ctx context.Context, msg jetstream.Msg) Event {
 	r.beat.hold(msg)
 	return r.handle(ctx, phase{stopping: ctx.Done()}, msg)
