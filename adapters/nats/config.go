@@ -18,6 +18,26 @@ const (
 	DefaultDrainTimeout = 10 * time.Second
 	// DefaultAckWait is assumed when the consumer's info does not say.
 	DefaultAckWait = 30 * time.Second
+	// DefaultMinPending is the least MaxPending defaults to.
+	DefaultMinPending = 64
+	// DefaultPullExpiry bounds the default Config.PullExpiry.
+	DefaultPullExpiry = 5 * time.Second
+)
+
+// AckMode is how a Runner acknowledges a message whose effects committed.
+type AckMode int
+
+// Modes of Config.AckMode.
+const (
+	// AckDouble sends DoubleAck and waits up to Config.AckTimeout for the
+	// server to confirm it, so that an ack that did not arrive is reported
+	// (KindAckFailed). The worker waits one round trip per message.
+	AckDouble AckMode = iota
+	// AckSingle sends Ack and does not wait. An ack lost on the way is not
+	// reported: JetStream redelivers the message after AckWait and the inbox
+	// acknowledges the copy as a duplicate without running the handler, so
+	// the effect still happens once; it only costs that redelivery.
+	AckSingle
 )
 
 // Config configures a Runner. The zero value (or nil) is usable.
@@ -42,28 +62,58 @@ type Config struct {
 	LockTimeout time.Duration
 	// MaxAttempts is how many failed attempts a message gets before it is
 	// poison, terminated and recorded as failed. Defaults to the inbox's
-	// Config.MaxAttempts, or to the consumer's MaxDeliver when that is lower
-	// (so the last delivery JetStream makes is the one that records the
-	// failure); negative means no limit. It must not exceed MaxDeliver.
+	// Config.MaxAttempts, or to the consumer's MaxDeliver when that is lower;
+	// negative means no limit. It must not exceed MaxDeliver. Whatever it
+	// is, a handler failure at the last delivery the consumer allows records
+	// the key as failed (deliveries spent on shutdowns or in-flight copies
+	// are not attempts, so the two counts can differ).
 	MaxAttempts int
 	// Workers is the number of messages handled concurrently. Defaults to 4.
 	Workers int
 	// MaxPending bounds the messages fetched ahead of the workers (the pull
 	// buffer), so at most Workers+MaxPending messages are in flight in this
-	// runner. Defaults to Workers.
+	// runner; they count against the consumer's MaxAckPending. A new pull
+	// request is sent when half of it is free, so a larger buffer costs fewer
+	// pull requests per message. Buffered messages are marked in progress
+	// like running ones, so a long wait in the buffer does not exceed
+	// AckWait. Defaults to max(2×Workers, 64).
 	MaxPending int
+	// PullExpiry is how long one pull request waits for messages. Run waits
+	// for the open request to end when it stops, so that no message the
+	// server sent is dropped unseen; it bounds that part of a shutdown. It is
+	// capped at the consumer's MaxRequestExpires. Defaults to DrainTimeout,
+	// at least 1s and at most 5s.
+	PullExpiry time.Duration
 	// Backoff gives the redelivery delay after the attempt-th failed attempt.
 	// Defaults to ExponentialBackoff(100ms, 30s).
 	Backoff func(attempt int) time.Duration
 	// InFlightDelay is the redelivery delay when a concurrent attempt holds
 	// the key. Defaults to 1s.
 	InFlightDelay time.Duration
-	// Heartbeat is how often a running handler's message is marked in
+	// Heartbeat is how often a message the runner holds (buffered, being
+	// handled, or held while the database is unreachable) is marked in
 	// progress. It must be shorter than the consumer's AckWait. Defaults to a
 	// third of AckWait (10s for the default 30s).
 	Heartbeat time.Duration
-	// AckTimeout bounds a DoubleAck. Defaults to 5s.
+	// AckMode chooses DoubleAck (AckDouble) or Ack (AckSingle) after a
+	// commit. Defaults to AckDouble.
+	AckMode AckMode
+	// AckTimeout bounds a DoubleAck, a dead-letter publish, and one try to
+	// record a message as failed at its last delivery. Defaults to 5s.
 	AckTimeout time.Duration
+	// DeadLetterSubject, when set, receives a copy of each message the runner
+	// gives up on without a record in the inbox: at its last delivery while
+	// the database cannot record it as failed (a shutdown during an outage),
+	// a message without a usable key, and a key reused with another payload.
+	// The copy is published with JetStream (a stream must capture the
+	// subject) and acknowledged by the stream before the message is
+	// terminated; it carries the original headers and data and the
+	// Dedupe-* headers (see DeadLetterReasonHeader). Defaults to "" (none).
+	DeadLetterSubject string
+	// DeadLetterJS publishes to DeadLetterSubject. Defaults to the
+	// JetStream given to Open; required with New when DeadLetterSubject is
+	// set.
+	DeadLetterJS jetstream.JetStream
 	// DrainTimeout is how long in-flight handlers may run on after Run's
 	// context is cancelled before their transactions are cancelled and
 	// rolled back. Defaults to 10s.
@@ -73,6 +123,9 @@ type Config struct {
 	Metrics Metrics
 	// Logger receives the runner's logs. Defaults to the inbox's logger.
 	Logger *slog.Logger
+
+	maxDeliver int // the consumer's MaxDeliver, -1 for no limit
+	maxBatch   int // the consumer's MaxRequestBatch, 0 for no limit
 }
 
 // withDefaults fills the zero fields of a copy of c for consumer info ci
@@ -84,6 +137,8 @@ func (c *Config) withDefaults(inbox *dedupe.Inbox, ci *jetstream.ConsumerInfo) (
 	}
 	ackWait := DefaultAckWait
 	maxDeliver := -1
+	var maxBatch int
+	var maxExpires time.Duration
 	if ci != nil {
 		if ci.Config.AckPolicy != jetstream.AckExplicitPolicy {
 			// AckAll would acknowledge messages other workers have not
@@ -96,6 +151,7 @@ func (c *Config) withDefaults(inbox *dedupe.Inbox, ci *jetstream.ConsumerInfo) (
 		if ci.Config.AckWait > 0 {
 			ackWait = ci.Config.AckWait
 		}
+		maxBatch, maxExpires = ci.Config.MaxRequestBatch, ci.Config.MaxRequestExpires
 		if out.Scope == "" {
 			out.Scope = ci.Config.Durable
 		}
@@ -120,7 +176,7 @@ func (c *Config) withDefaults(inbox *dedupe.Inbox, ci *jetstream.ConsumerInfo) (
 		out.Workers = DefaultWorkers
 	}
 	if out.MaxPending == 0 {
-		out.MaxPending = out.Workers
+		out.MaxPending = max(2*out.Workers, DefaultMinPending)
 	}
 	if out.Backoff == nil {
 		out.Backoff = ExponentialBackoff(DefaultBackoffBase, DefaultBackoffMax)
@@ -136,6 +192,12 @@ func (c *Config) withDefaults(inbox *dedupe.Inbox, ci *jetstream.ConsumerInfo) (
 	}
 	if out.DrainTimeout == 0 {
 		out.DrainTimeout = DefaultDrainTimeout
+	}
+	if out.PullExpiry == 0 {
+		out.PullExpiry = min(max(out.DrainTimeout, time.Second), DefaultPullExpiry)
+	}
+	if maxExpires > 0 {
+		out.PullExpiry = min(out.PullExpiry, maxExpires)
 	}
 	if out.Logger == nil {
 		out.Logger = inbox.Config().Logger
@@ -163,6 +225,13 @@ func (c *Config) withDefaults(inbox *dedupe.Inbox, ci *jetstream.ConsumerInfo) (
 		return bad("DrainTimeout", "must be positive")
 	case out.LockTimeout < 0:
 		return bad("LockTimeout", "must not be negative")
+	case out.PullExpiry < 0:
+		return bad("PullExpiry", "must be positive")
+	case out.AckMode != AckDouble && out.AckMode != AckSingle:
+		return bad("AckMode", "must be AckDouble or AckSingle")
+	case out.DeadLetterSubject != "" && out.DeadLetterJS == nil:
+		return bad("DeadLetterJS", "is required with DeadLetterSubject")
 	}
+	out.maxDeliver, out.maxBatch = maxDeliver, maxBatch
 	return out, nil
 }

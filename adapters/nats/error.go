@@ -10,9 +10,9 @@ import (
 // deduplicated) and reported to Metrics.
 var ErrNoKey = errors.New("dedupenats: message has no usable key")
 
-// ErrIteratorClosed is returned by Runner.Run when the message iterator
-// closed under it, typically because the NATS connection was closed, rather
-// than because its context was cancelled.
+// ErrIteratorClosed is returned by Runner.Run when it cannot pull messages
+// any more, because the NATS connection was closed or the consumer deleted,
+// rather than because its context was cancelled.
 var ErrIteratorClosed = errors.New("dedupenats: message iterator closed")
 
 // KeyError reports a message whose key could not be extracted. It matches
@@ -29,3 +29,12 @@ func (e *KeyError) Error() string {
 
 // Unwrap returns ErrNoKey and the key function's error.
 func (e *KeyError) Unwrap() []error { return []error{ErrNoKey, e.Err} }
+
+// ErrDeadLettered is matched by the Event.Err of a message whose copy was
+// published to Config.DeadLetterSubject before it was terminated.
+var ErrDeadLettered = errors.New("dedupenats: message dead-lettered")
+
+// ErrLastDelivery is matched by the cause recorded for a message the runner
+// gave up on at the last delivery the consumer allows (MaxDeliver) for a
+// reason other than its handler's failure, such as a shutdown.
+var ErrLastDelivery = errors.New("dedupenats: last delivery the consumer allows")

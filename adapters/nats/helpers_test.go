@@ -2,6 +2,8 @@ package dedupenats_test
 
 import (
 	"context"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -135,6 +137,60 @@ func fastConfig(c *dedupenats.Counters) *dedupenats.Config {
 		Key:     dedupenats.HeaderKey(orderIDHdr),
 		Backoff: func(int) time.Duration { return 20 * time.Millisecond },
 		Metrics: c,
+		// Stopping waits for the open pull request; keep it short.
+		PullExpiry: 500 * time.Millisecond,
+	}
+}
+
+// consumer creates another durable on the test's stream, for orders.created.
+func (b *bundle) consumer(t *testing.T, cc jetstream.ConsumerConfig) jetstream.Consumer {
+	t.Helper()
+	cc.AckPolicy = jetstream.AckExplicitPolicy
+	cc.FilterSubject = "orders.created"
+	cons, err := b.js.CreateOrUpdateConsumer(context.Background(), streamName, cc)
+	if err != nil {
+		t.Fatalf("create consumer %s: %v", cc.Durable, err)
+	}
+	return cons
+}
+
+// info returns the consumer's current info.
+func info(t *testing.T, cons jetstream.Consumer) *jetstream.ConsumerInfo {
+	t.Helper()
+	ci, err := cons.Info(context.Background())
+	if err != nil {
+		t.Fatalf("consumer info: %v", err)
+	}
+	return ci
+}
+
+// unackedOf is what cons still has to deliver or to see acknowledged.
+func unackedOf(t *testing.T, cons jetstream.Consumer) int {
+	t.Helper()
+	ci := info(t, cons)
+	return ci.NumAckPending + int(ci.NumPending)
+}
+
+// spendDeliveries fetches the next message of cons n times and naks it each
+// time, as runners that stopped or lost their database would have: it
+// spends n of the message's deliveries without an attempt.
+func spendDeliveries(t *testing.T, cons jetstream.Consumer, n int) {
+	t.Helper()
+	for i := range n {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got int
+		for msg := range batch.Messages() {
+			got++
+			if err := msg.Nak(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got != 1 {
+			t.Fatalf("delivery %d: fetched %d messages (err %v), want 1", i+1, got, batch.Error())
+		}
 	}
 }
 
@@ -148,4 +204,16 @@ func newRunner(t *testing.T, b *bundle, cons jetstream.Consumer, cfg *dedupenats
 		t.Fatalf("new runner: %v", err)
 	}
 	return r
+}
+
+// testLogger logs through t.Log, shown only when the test fails (or -v).
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
 }

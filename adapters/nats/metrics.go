@@ -20,14 +20,17 @@ const (
 	// KindDuplicate: the key was already complete; the message was
 	// acknowledged without running the handler.
 	KindDuplicate
-	// KindRetry: the handler failed (or the database did); everything rolled
-	// back and the message was negatively acknowledged with a delay.
+	// KindRetry: the handler failed; everything rolled back and the message
+	// was negatively acknowledged with Delay. Or the database failed: the
+	// message is held, marked in progress, and tried again after Delay.
 	KindRetry
 	// KindInFlight: a concurrent attempt held the key; the message was
 	// negatively acknowledged with Config.InFlightDelay.
 	KindInFlight
 	// KindTerminated: the message can never be processed (poison, conflict,
-	// no key) and was terminated.
+	// no key, or given up on at its last delivery) and was terminated after
+	// its key was recorded as failed or, when Err matches ErrDeadLettered, a
+	// copy was published to the dead-letter subject.
 	KindTerminated
 	// KindReleased: the runner was shutting down; the attempt rolled back and
 	// the message was handed back for immediate redelivery.
@@ -67,7 +70,8 @@ type Event struct {
 	Err error
 }
 
-// Metrics receives one Event per delivered message. Implementations must be
+// Metrics receives one Event per delivered message (and one KindRetry event
+// per failed try while the database is unreachable). Implementations must be
 // safe for concurrent use and fast: Observe runs on the worker.
 type Metrics interface {
 	Observe(ctx context.Context, e Event)

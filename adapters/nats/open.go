@@ -28,5 +28,10 @@ func Open(ctx context.Context, inbox *dedupe.Inbox, js jetstream.JetStream, stre
 	if err != nil {
 		return nil, fmt.Errorf("dedupenats: consumer %s on stream %s: %w", cc.Durable, stream, err)
 	}
+	if cfg != nil && cfg.DeadLetterSubject != "" && cfg.DeadLetterJS == nil {
+		c := *cfg
+		c.DeadLetterJS = js
+		cfg = &c
+	}
 	return New(inbox, cons, h, cfg)
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/exactlyonce/dedupe"
@@ -18,7 +19,9 @@ import (
 type Runner struct {
 	js       jetstream.Consumer
 	consumer *dedupe.Consumer[jetstream.Msg]
+	inbox    *dedupe.Inbox
 	cfg      Config
+	beat     *heartbeat
 
 	// beforeAck, set by tests only, runs between the commit and the ack.
 	beforeAck func(msg jetstream.Msg)
@@ -55,11 +58,11 @@ func New(inbox *dedupe.Inbox, cons jetstream.Consumer, h dedupe.HandlerFunc[jets
 		IsoLevel:    c.IsoLevel,
 		LockTimeout: c.LockTimeout,
 		MaxAttempts: c.MaxAttempts,
-	}, h)
+	}, lastDeliveryHandler(h, c.maxDeliver))
 	if err != nil {
 		return nil, err
 	}
-	return &Runner{js: cons, consumer: dc, cfg: c}, nil
+	return &Runner{js: cons, consumer: dc, inbox: inbox, cfg: c, beat: newHeartbeat(c.Heartbeat, c.Logger)}, nil
 }
 
 // Scope returns the scope the runner claims keys in.
@@ -69,27 +72,38 @@ func (r *Runner) Scope() string { return r.cfg.Scope }
 func (r *Runner) Config() Config { return r.cfg }
 
 // Run pulls and handles messages with Config.Workers workers until ctx is
-// cancelled, then stops fetching, hands buffered messages back (Nak) for
+// cancelled. Then it stops asking for messages, waits for the open pull
+// request to end (at most Config.PullExpiry) so that no message the server
+// sent goes unseen, hands the messages it had buffered back (Nak) for
 // immediate redelivery, lets in-flight handlers finish within
-// Config.DrainTimeout (after which they are cancelled and rolled back), and
-// returns nil. It returns an error wrapping ErrIteratorClosed when the
-// message iterator closes for another reason (the connection was closed).
+// Config.DrainTimeout (after which they are cancelled and rolled back, and
+// their messages handed back), and returns nil.
+//
+// A message at the last delivery the consumer allows (MaxDeliver) is never
+// handed back, since JetStream would not deliver it again: a buffered one is
+// handled, and one whose handler was cancelled is recorded as failed in the
+// inbox or, failing that, copied to Config.DeadLetterSubject, before it is
+// terminated. Run does not return while it holds such a message it could do
+// neither with; it keeps the message alive and keeps trying, logging each
+// failure at error level.
+//
+// Run returns an error wrapping ErrIteratorClosed when it cannot pull any
+// more for another reason: the connection was closed or the consumer
+// deleted.
 func (r *Runner) Run(ctx context.Context) error {
-	it, err := r.js.Messages(jetstream.PullMaxMessages(r.cfg.MaxPending))
-	if err != nil {
-		return fmt.Errorf("dedupenats: start pulling: %w", err)
-	}
-	defer it.Stop()
-
-	// Handlers run on a context that outlives ctx by DrainTimeout, so that a
-	// shutdown lets in-flight transactions commit rather than roll back.
+	// Stopping begins when ctx is cancelled or pulling fails for good.
+	stop, stopNow := context.WithCancel(ctx)
+	defer stopNow()
+	// Handlers run on a context that outlives the stop by DrainTimeout, so
+	// that a shutdown lets in-flight transactions commit rather than roll
+	// back.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	var (
 		mu    sync.Mutex
 		timer *time.Timer
 	)
-	stopAfter := context.AfterFunc(ctx, func() {
+	stopAfter := context.AfterFunc(stop, func() {
 		mu.Lock()
 		timer = time.AfterFunc(r.cfg.DrainTimeout, cancelWork)
 		mu.Unlock()
@@ -103,186 +117,141 @@ func (r *Runner) Run(ctx context.Context) error {
 		mu.Unlock()
 	}()
 
-	msgs := make(chan jetstream.Msg)
+	// Every message pulled is held by the heartbeat, so the queue never
+	// holds more than the runner's capacity and a send never blocks.
+	queue := make(chan jetstream.Msg, r.cfg.Workers+r.cfg.MaxPending)
+	pulled := make(chan struct{})
+	p := phase{stopping: stop.Done(), pulled: pulled}
 	var wg sync.WaitGroup
 	for range r.cfg.Workers {
-		wg.Go(func() {
-			for msg := range msgs {
-				r.Handle(work, msg)
-			}
-		})
+		wg.Go(func() { r.work(work, p, queue) })
 	}
-
-	runErr := r.pull(ctx, it, msgs)
-	close(msgs)
-	r.handBack(it)
+	err := r.pull(ctx, queue)
+	stopNow()
+	close(pulled)
+	close(queue)
+	r.work(work, p, queue) // help hand the buffer back
 	wg.Wait()
-	return runErr
+	return err
 }
 
-// pull feeds msgs from it until ctx is cancelled or it closes.
-func (r *Runner) pull(ctx context.Context, it jetstream.MessagesContext, msgs chan<- jetstream.Msg) error {
-	var last error // the error that preceded a close (consumer deleted, ...)
-	for {
-		msg, err := it.Next(jetstream.NextContext(ctx))
-		if ctx.Err() != nil {
-			if msg != nil {
-				r.release(msg)
-			}
-			return nil
-		}
-		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return fmt.Errorf("%w: %w", ErrIteratorClosed, errors.Join(err, last))
-			}
-			// Missing heartbeats and the like: the iterator recovers; a
-			// terminal error closes it and the next call says so.
-			last = err
-			r.cfg.Logger.WarnContext(ctx, "dedupenats: pull", "scope", r.cfg.Scope, "err", err)
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(100 * time.Millisecond):
-			}
+// work handles the messages of queue until it is closed and empty. Once the
+// run stops, it hands them back instead (after the last pull request
+// ended), except those at their last delivery, which it still handles.
+func (r *Runner) work(ctx context.Context, p phase, queue <-chan jetstream.Msg) {
+	for msg := range queue {
+		if isClosed(p.stopping) && !r.atLastDelivery(msg) {
+			r.handBack(ctx, p, msg)
 			continue
 		}
-		select {
-		case msgs <- msg:
-		case <-ctx.Done():
-			r.release(msg)
+		r.handle(ctx, p, msg)
+	}
+}
+
+// pull fetches messages into queue until ctx is cancelled (then it returns
+// nil once the open pull request has ended) or pulling fails for good.
+//
+// It sends one pull request at a time, for as many messages as the runner
+// has room for (Workers + MaxPending, less what it holds) and only once half
+// of MaxPending is free, so a request serves many messages. Each message is
+// held by the heartbeat from the moment it arrives.
+func (r *Runner) pull(ctx context.Context, queue chan<- jetstream.Msg) error {
+	capacity := r.cfg.Workers + r.cfg.MaxPending
+	low := max(1, (r.cfg.MaxPending+1)/2)
+	for failures := 0; ; {
+		free, ok := r.room(ctx, capacity, low)
+		if !ok {
 			return nil
 		}
-	}
-}
-
-// handBack naks the messages the iterator had buffered, so that they are
-// redelivered at once (to another runner) instead of after AckWait.
-func (r *Runner) handBack(it jetstream.MessagesContext) {
-	it.Drain()
-	deadline := time.Now().Add(time.Second)
-	for time.Now().Before(deadline) {
-		msg, err := it.Next(jetstream.NextMaxWait(100 * time.Millisecond))
-		if err != nil {
-			return
+		if r.cfg.maxBatch > 0 {
+			free = min(free, r.cfg.maxBatch)
 		}
-		r.release(msg)
+		batch, err := r.js.Fetch(free, jetstream.FetchMaxWait(r.cfg.PullExpiry))
+		if err == nil {
+			// Read to the end even when stopping: the server may still send
+			// messages for this request, and each must be seen (the workers
+			// hand them back once it ended).
+			for msg := range batch.Messages() {
+				r.beat.hold(msg)
+				queue <- msg
+			}
+			err = batch.Error()
+		}
+		if err == nil || ctx.Err() != nil {
+			failures = 0
+			continue
+		}
+		if ferr := r.final(ctx, err); ferr != nil {
+			return ferr
+		}
+		failures++
+		r.cfg.Logger.WarnContext(ctx, "dedupenats: pull", "scope", r.cfg.Scope, "err", err)
+		t := time.NewTimer(min(time.Duration(failures)*100*time.Millisecond, 5*time.Second))
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
 	}
 }
 
-// release hands a message that was not handled back for redelivery.
-func (r *Runner) release(msg jetstream.Msg) {
-	if err := msg.Nak(); err != nil {
-		r.cfg.Logger.Debug("dedupenats: nak on shutdown", "subject", msg.Subject(), "err", err)
+// room waits until at least low of capacity is free and returns how much
+// is, or false when ctx is done.
+func (r *Runner) room(ctx context.Context, capacity, low int) (int, bool) {
+	for {
+		if ctx.Err() != nil {
+			return 0, false
+		}
+		if free := capacity - r.beat.count(); free >= low {
+			return free, true
+		}
+		t := time.NewTimer(time.Second) // in case another Run took the signal
+		select {
+		case <-r.beat.freed:
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
 	}
 }
 
-// Handle processes one message: claim, handler and commit in one
-// transaction, then the broker action its outcome calls for (see the package
-// documentation). Run calls it for every message; call it yourself only when
-// you fetch messages yourself. The Event it returns was also passed to
-// Config.Metrics.
-func (r *Runner) Handle(ctx context.Context, msg jetstream.Msg) Event {
-	ev := Event{Subject: msg.Subject()}
+// final returns the error Run ends with when err means that no pull can
+// succeed any more, else nil.
+func (r *Runner) final(ctx context.Context, err error) error {
+	switch {
+	case errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, jetstream.ErrConsumerDeleted):
+		return fmt.Errorf("%w: %w", ErrIteratorClosed, err)
+	case errors.Is(err, nats.ErrNoResponders):
+		// Nobody answers pull requests: is the consumer gone?
+		ictx, cancel := context.WithTimeout(ctx, r.cfg.AckTimeout)
+		defer cancel()
+		if _, ierr := r.js.Info(ictx); errors.Is(ierr, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("%w: %w", ErrIteratorClosed, ierr)
+		}
+	}
+	return nil
+}
+
+// atLastDelivery reports whether msg is at the last delivery the consumer
+// allows: JetStream will not deliver it again, whatever the runner does.
+func (r *Runner) atLastDelivery(msg jetstream.Msg) bool {
+	if r.cfg.maxDeliver <= 0 {
+		return false
+	}
+	meta, err := msg.Metadata()
+	return err == nil && meta.NumDelivered >= uint64(r.cfg.maxDeliver)
+}
+
+// handBack releases a message the runner did not handle because it is
+// stopping, and reports it as KindReleased.
+func (r *Runner) handBack(ctx context.Context, p phase, msg jetstream.Msg) {
+	ev := Event{Kind: KindReleased, Subject: msg.Subject()}
 	if meta, err := msg.Metadata(); err == nil {
 		ev.Delivery = meta.NumDelivered
 	}
-	key, kerr := r.consumer.KeyOf(msg)
-	ev.Key = key
-	if kerr != nil {
-		ev.Err = kerr
-		r.term(msg, &ev)
-		r.cfg.Metrics.Observe(ctx, ev)
-		return ev
+	if key, err := r.consumer.KeyOf(msg); err == nil {
+		ev.Key = key
 	}
-
-	stopBeat := r.heartbeat(msg)
-	start := time.Now()
-	outcome, err := r.consumer.HandleKey(ctx, key, msg)
-	ev.Latency = time.Since(start)
-	stopBeat()
-	ev.Outcome, ev.Err = outcome, err
-
-	switch {
-	case err == nil:
-		ev.Kind = KindProcessed
-		if outcome == dedupe.OutcomeDuplicate {
-			ev.Kind = KindDuplicate
-		}
-		if r.beforeAck != nil {
-			r.beforeAck(msg)
-		}
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.AckTimeout)
-		if aerr := msg.DoubleAck(actx); aerr != nil {
-			ev.Kind, ev.Err = KindAckFailed, aerr
-		}
-		cancel()
-	case ctx.Err() != nil:
-		// Shutting down: whatever ran was rolled back (or, if the commit
-		// raced the cancel, will be absorbed as a duplicate). Never ack.
-		ev.Kind = KindReleased
-		r.release(msg)
-	case outcome == dedupe.OutcomePoisoned, outcome == dedupe.OutcomeConflict:
-		r.term(msg, &ev)
-	case outcome == dedupe.OutcomeInFlight:
-		ev.Kind, ev.Delay = KindInFlight, r.cfg.InFlightDelay
-		r.nak(msg, &ev)
-	default:
-		// The handler failed (OutcomeRetry) or the database did.
-		attempt := int(ev.Delivery)
-		if he, ok := errors.AsType[*dedupe.HandlerError](err); ok {
-			attempt = he.Attempt
-		}
-		ev.Kind, ev.Delay = KindRetry, r.cfg.Backoff(max(attempt, 1))
-		r.nak(msg, &ev)
-	}
+	r.release(p, msg)
 	r.cfg.Metrics.Observe(ctx, ev)
-	return ev
-}
-
-func (r *Runner) nak(msg jetstream.Msg, ev *Event) {
-	if err := msg.NakWithDelay(ev.Delay); err != nil {
-		r.cfg.Logger.Warn("dedupenats: nak", "subject", msg.Subject(), "key", ev.Key.ID, "err", err)
-	}
-}
-
-// maxReason bounds the reason sent with Term.
-const maxReason = 200
-
-func (r *Runner) term(msg jetstream.Msg, ev *Event) {
-	ev.Kind = KindTerminated
-	reason := "dedupe: terminated"
-	if ev.Err != nil {
-		reason = ev.Err.Error()
-	}
-	if len(reason) > maxReason {
-		reason = reason[:maxReason]
-	}
-	if err := msg.TermWithReason(reason); err != nil {
-		r.cfg.Logger.Warn("dedupenats: term", "subject", msg.Subject(), "key", ev.Key.ID, "err", err)
-	}
-}
-
-// heartbeat marks msg in progress every Config.Heartbeat until the returned
-// stop is called.
-func (r *Runner) heartbeat(msg jetstream.Msg) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(r.cfg.Heartbeat)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				if err := msg.InProgress(); err != nil {
-					r.cfg.Logger.Debug("dedupenats: in progress", "subject", msg.Subject(), "err", err)
-				}
-			}
-		}
-	})
-	return func() {
-		close(done)
-		wg.Wait()
-	}
 }

@@ -37,6 +37,7 @@ func TestSuite(t *testing.T) {
 						Workers:     rc.Workers,
 						MaxAttempts: rc.MaxAttempts,
 						Backoff:     func(int) time.Duration { return 20 * time.Millisecond },
+						PullExpiry:  500 * time.Millisecond,
 					})
 					if err != nil {
 						t.Fatalf("new runner: %v", err)

@@ -94,10 +94,18 @@ func run(ctx context.Context, cfg config) error {
 	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: []string{cfg.Subjects}}); err != nil {
 		return fmt.Errorf("stream %s: %w", cfg.Stream, err)
 	}
+	if cfg.DeadLetter != "" {
+		if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream + "_DLQ", Subjects: []string{cfg.DeadLetter}}); err != nil {
+			return fmt.Errorf("dead-letter stream %s_DLQ: %w", cfg.Stream, err)
+		}
+	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Stream, jetstream.ConsumerConfig{
 		Durable:   cfg.Durable,
 		AckPolicy: jetstream.AckExplicitPolicy,
 		AckWait:   30 * time.Second,
+		// Never let JetStream give up on a message: the inbox's attempt
+		// limit marks poison as failed, where an operator can see it.
+		MaxDeliver: -1,
 	})
 	if err != nil {
 		return fmt.Errorf("consumer %s: %w", cfg.Durable, err)
@@ -105,9 +113,11 @@ func run(ctx context.Context, cfg config) error {
 
 	var counts dedupenats.Counters
 	rcfg := &dedupenats.Config{
-		Workers: cfg.Workers,
-		Metrics: dedupenats.Tee(&counts, dedupenats.LogMetrics{Logger: log}),
-		Logger:  log,
+		Workers:           cfg.Workers,
+		Metrics:           dedupenats.Tee(&counts, dedupenats.LogMetrics{Logger: log}),
+		Logger:            log,
+		DeadLetterSubject: cfg.DeadLetter,
+		DeadLetterJS:      js,
 	}
 	if cfg.KeyHeader != "" {
 		rcfg.Key = dedupenats.HeaderKey(cfg.KeyHeader)

@@ -83,6 +83,10 @@ func TestTwoCopiesShipEachOrderOnce(t *testing.T) {
 		}
 	}
 	publish("garbage", []byte("{not json"))
+	// A message without the Order-Id header has no key: dead-lettered.
+	if _, err := js.Publish(ctx, "orders.created", []byte(`{"id":"order-x"}`)); err != nil {
+		t.Fatal(err)
+	}
 
 	cons, err := js.Consumer(ctx, cfg.Stream, cfg.Durable)
 	if err != nil {
@@ -114,6 +118,24 @@ func TestTwoCopiesShipEachOrderOnce(t *testing.T) {
 	if n := db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE key = 'garbage' AND state = 'failed'"); n != 1 {
 		t.Fatalf("the undecodable message was not recorded as failed")
 	}
+	dlq, err := js.Stream(ctx, cfg.Stream+"_DLQ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	si, err := dlq.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if si.State.Msgs != 1 {
+		t.Fatalf("dead-letter stream holds %d messages, want 1 (the keyless one)", si.State.Msgs)
+	}
+	ci, err := cons.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ci.Config.MaxDeliver != -1 {
+		t.Fatalf("MaxDeliver = %d, want -1", ci.Config.MaxDeliver)
+	}
 }
 
 func TestConfigFromEnv(t *testing.T) {
@@ -121,7 +143,8 @@ func TestConfigFromEnv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.NATSURL != "nats://127.0.0.1:4222" || c.Stream != "ORDERS" || c.Durable != "shipping" || c.Workers != 4 || c.PurgeEvery != time.Hour {
+	if c.NATSURL != "nats://127.0.0.1:4222" || c.Stream != "ORDERS" || c.Durable != "shipping" || c.Workers != 4 ||
+		c.PurgeEvery != time.Hour || c.DeadLetter != "dlq.ORDERS" {
 		t.Fatalf("defaults = %+v", c)
 	}
 	for _, bad := range []map[string]string{{"WORKERS": "0"}, {"WORKERS": "x"}, {"PURGE_EVERY": "soon"}} {

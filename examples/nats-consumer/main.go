@@ -14,6 +14,15 @@
 //	KEY_HEADER     business-key header; empty uses Nats-Msg-Id, else stream sequence
 //	WORKERS        concurrent handlers          (default 4)
 //	PURGE_EVERY    retention purge interval     (default 1h)
+//	DEAD_LETTER    dead-letter subject; stream <NATS_STREAM>_DLQ is created for it
+//	               (default dlq.<NATS_STREAM>; "-" for none)
+//
+// The durable is created with MaxDeliver -1: JetStream never gives up on a
+// message, so no delivery spent on a restart or an outage can make one lapse;
+// the inbox's attempt limit decides when a failing message is poison. Keys
+// recorded as failed are listed by "dedupe inspect"; messages without a
+// usable key (or with a key reused for another order) go to the dead-letter
+// subject.
 //
 // Publish an order with the nats CLI:
 //
@@ -36,6 +45,7 @@ type config struct {
 	NATSURL, DatabaseURL      string
 	Stream, Subjects, Durable string
 	KeyHeader                 string
+	DeadLetter                string // "" for none
 	Workers                   int
 	PurgeEvery                time.Duration
 	Logger                    *slog.Logger
@@ -57,6 +67,10 @@ func configFromEnv(getenv func(string) string) (config, error) {
 		Subjects:    or("NATS_SUBJECTS", "orders.>"),
 		Durable:     or("NATS_DURABLE", "shipping"),
 		KeyHeader:   getenv("KEY_HEADER"),
+		DeadLetter:  or("DEAD_LETTER", "dlq."+or("NATS_STREAM", "ORDERS")),
+	}
+	if c.DeadLetter == "-" {
+		c.DeadLetter = ""
 	}
 	var err error
 	if c.Workers, err = strconv.Atoi(or("WORKERS", "4")); err != nil || c.Workers < 1 {
