@@ -214,7 +214,9 @@ func BenchmarkConsume(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			e := newBenchEnv(b)
 			got := float64(e.run(b, consume(e, b)).Nanoseconds()) / float64(b.N)
-			if old, ok := ns[name]; !ok || got < old {
+			// The testing package's probe run (b.N = 1) times one or two
+			// messages that may commit together: not a rate.
+			if old, ok := ns[name]; b.N >= 100 && (!ok || got < old) {
 				ns[name] = got
 			}
 			for _, other := range than {
