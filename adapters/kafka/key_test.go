@@ -205,3 +205,32 @@ func TestCommittedOffsetBeyondEndResumesAtFirst(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 }
+
+// Retention deleted messages of a partition before the group consumed them
+// (the log now starts past the committed offset): they cannot be delivered,
+// and the runner says so, as an error naming the lost offsets; the rest is
+// handled.
+func TestRetentionLossLogged(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	b.produce(t, numbered(10, "t-%d", nil)...)
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	cl := &kafka.Client{Addr: kafka.TCP(b.brokers...), Transport: tr, Timeout: 10 * time.Second}
+	ctx := context.Background()
+	res, err := cl.OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: b.group, GenerationID: -1,
+		Topics: map[string][]kafka.OffsetCommit{b.topic: {{Partition: 0, Offset: 2}}}})
+	if err != nil || res.Topics[b.topic][0].Error != nil {
+		t.Fatalf("commit offset 2: %v %+v", err, res)
+	}
+	deleteRecordsBefore(t, b.brokers, b.topic, 0, 5) // what retention does
+	m := b.start(t, dedupekafka.Config{}, insertEffect)
+	b.waitDrained(t, 30*time.Second)
+	b.wantEffects(t, 5)
+	if s := m.runner.Stats(); s.Handled != 5 {
+		t.Fatalf("stats %+v", s)
+	}
+	if !b.log.contains("ERROR", "retention deleted messages", "first_lost=2", "last_lost=4") {
+		t.Fatal("the lost offsets were not logged as an error")
+	}
+}

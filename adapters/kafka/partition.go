@@ -54,8 +54,7 @@ func (r *Runner) consume(ctx context.Context, tp topicPartition, start int64, g 
 		backoff = r.cfg.RetryBackoff
 		r.stats.fetched.Add(1)
 		if expect >= 0 && m.Offset > expect {
-			r.cfg.Logger.ErrorContext(ctx, "dedupekafka: the partition no longer holds the offsets before its first message: retention deleted them before they were consumed (or compaction or transaction markers took them)",
-				"topic", tp.topic, "partition", tp.id, "first_missing", expect, "last_missing", m.Offset-1)
+			r.startGap(ctx, tp, expect, m.Offset)
 		}
 		expect = -1
 		batch = append(batch[:0], m)
@@ -90,6 +89,50 @@ func (r *Runner) consume(ctx context.Context, tp topicPartition, start int64, g 
 			rd, expect = nrd, -1
 		}
 	}
+}
+
+// startGap reports that the first message of tp is at offset got, past the
+// offset want the partition was to start at. When the partition no longer
+// holds want (retention deleted it before it was consumed), the messages in
+// between are lost: that is an error. Otherwise the offsets are compaction
+// gaps or transaction markers, and only logged at debug level.
+func (r *Runner) startGap(ctx context.Context, tp topicPartition, want, got int64) {
+	first, err := r.firstOffset(ctx, tp)
+	switch {
+	case err != nil:
+		r.cfg.Logger.WarnContext(ctx, "dedupekafka: the partition's first message is past its committed offset, and its first offset could not be read to tell whether retention deleted the offsets in between",
+			"topic", tp.topic, "partition", tp.id, "committed", want, "first_message", got, "err", err)
+	case first > want:
+		r.cfg.Logger.ErrorContext(ctx, "dedupekafka: retention deleted messages of the partition before they were consumed: they are lost",
+			"topic", tp.topic, "partition", tp.id, "first_lost", want, "last_lost", min(first, got)-1)
+	default:
+		r.cfg.Logger.DebugContext(ctx, "dedupekafka: offsets skipped at the start of the partition (compaction or transaction markers)",
+			"topic", tp.topic, "partition", tp.id, "from", want, "to", got-1)
+	}
+}
+
+// firstOffset reads the first offset tp still holds from its leader.
+func (r *Runner) firstOffset(ctx context.Context, tp topicPartition) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommitTimeout)
+	defer cancel()
+	d := r.rc.Dialer
+	if d == nil {
+		d = kafka.DefaultDialer
+	}
+	var err error
+	for _, broker := range r.rc.Brokers {
+		var conn *kafka.Conn
+		if conn, err = d.DialLeader(ctx, "tcp", broker, tp.topic, tp.id); err != nil {
+			continue
+		}
+		if dl, ok := ctx.Deadline(); ok {
+			_ = conn.SetDeadline(dl)
+		}
+		first, rerr := conn.ReadFirstOffset()
+		_ = conn.Close()
+		return first, rerr
+	}
+	return 0, err
 }
 
 // openPartition returns a reader of tp positioned at offset; vanished is
