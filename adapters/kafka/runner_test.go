@@ -482,6 +482,12 @@ func TestFingerprintConflictDeadLettered(t *testing.T) {
 			if s := m.runner.Stats(); s.GivenUp != 1 || s.DeadLettered != 1 || s.Duplicates != 1 {
 				t.Fatalf("want one conflict dead-lettered and one duplicate: %+v", s)
 			}
+			// The conflicting message has no failed key of its own: it is
+			// recorded under its RefusedKey.
+			if n := b.db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE state = 'failed' AND key LIKE $1 AND last_error LIKE '%different payload%'",
+				dedupekafka.RefusedKeyPrefix+"orders/0/2/%"); n != 1 {
+				t.Fatalf("refused conflict rows = %d, want 1", n)
+			}
 		})
 	}
 }
