@@ -24,8 +24,10 @@ var errBatchInFlight = errors.New("dedupekafka: a key of the batch is in flight"
 // transaction: one statement claims every key, the handler runs for the new
 // ones, and one commit makes claims and effects durable. On a handler
 // failure or a database error it rolls back and handles the messages one
-// transaction each. It reports false only when ctx ended first.
-func (r *Runner) handleBatch(ctx context.Context, msgs []kafka.Message) bool {
+// transaction each. It returns how many of msgs, from the first, are done
+// (their offsets may be committed) and how it ended: all of them unless the
+// context ended or a dead-letter write paused the partition.
+func (r *Runner) handleBatch(ctx context.Context, msgs []kafka.Message) (int, step) {
 	keys := make([]dedupe.Key, len(msgs))
 	for n, m := range msgs {
 		k, err := r.consumer.KeyOf(m)
@@ -35,21 +37,34 @@ func (r *Runner) handleBatch(ctx context.Context, msgs []kafka.Message) bool {
 		keys[n] = k
 	}
 	for try := 0; ; try++ {
-		failedAt, herr, err := r.batchTx(ctx, msgs, keys)
+		res, err := r.batchTx(ctx, msgs, keys)
 		switch {
-		case err == nil && herr == nil:
+		case err == nil && res.herr == nil:
 			r.stats.batches.Add(1)
-			return true
+			// The batch committed; give up on its poisoned and conflicting
+			// messages, in order.
+			for _, g := range res.giveUp {
+				var st step
+				if g.refused {
+					st = r.refuse(ctx, msgs[g.n], g.err)
+				} else {
+					st = r.giveUp(ctx, msgs[g.n], g.err)
+				}
+				if st != stepDone {
+					return g.n, st
+				}
+			}
+			return len(msgs), stepDone
 		case ctx.Err() != nil:
-			return false
-		case herr != nil:
+			return 0, stepStopped
+		case res.herr != nil:
 			first, last := msgs[0], msgs[len(msgs)-1]
-			if failedAt >= 0 {
-				first, last = msgs[failedAt], msgs[failedAt]
+			if res.failedAt >= 0 {
+				first, last = msgs[res.failedAt], msgs[res.failedAt]
 			}
 			r.cfg.Logger.WarnContext(ctx, "dedupekafka: handler failed in batch; handling the batch one message at a time",
-				"topic", first.Topic, "partition", first.Partition, "offsets", fmt.Sprintf("%d-%d", first.Offset, last.Offset), "err", herr)
-			return r.fallback(ctx, msgs, failedAt, herr)
+				"topic", first.Topic, "partition", first.Partition, "offsets", fmt.Sprintf("%d-%d", first.Offset, last.Offset), "err", res.herr)
+			return r.fallback(ctx, msgs, res.failedAt, res.herr)
 		case errors.Is(err, dedupe.ErrRetryable) && try < batchTxRetries:
 			continue
 		default:
@@ -63,36 +78,51 @@ func (r *Runner) handleBatch(ctx context.Context, msgs []kafka.Message) bool {
 
 // fallback handles msgs one transaction each, in order. failed is the
 // handler error of msgs[failedAt] in the rolled-back batch.
-func (r *Runner) fallback(ctx context.Context, msgs []kafka.Message, failedAt int, failed error) bool {
+func (r *Runner) fallback(ctx context.Context, msgs []kafka.Message, failedAt int, failed error) (int, step) {
 	r.stats.fallbacks.Add(1)
 	for n, m := range msgs {
 		var f error
 		if n == failedAt {
 			f = failed
 		}
-		if !r.handleOne(ctx, m, f) {
-			return false
+		if st := r.handleOne(ctx, m, f); st != stepDone {
+			return n, st
 		}
 	}
-	return true
+	return len(msgs), stepDone
 }
 
-// batchTx runs one batch transaction. It returns the index (-1 for a batch
-// handler) and error of the first failing handler, or a database error; on
-// either nothing committed.
-func (r *Runner) batchTx(ctx context.Context, msgs []kafka.Message, keys []dedupe.Key) (failedAt int, herr, err error) {
+// batchResult is what one batch transaction left to do.
+type batchResult struct {
+	failedAt int   // index of the failing handler's message, -1 for a batch handler
+	herr     error // the handler's error: nothing committed
+	giveUp   []batchGiveUp
+}
+
+// batchGiveUp is a message of a committed batch to give up on.
+type batchGiveUp struct {
+	n       int
+	err     error
+	refused bool // a conflict: the message has no failed key of its own
+}
+
+// batchTx runs one batch transaction. It returns the handler's failure (with
+// the index of its message) or a database error, after which nothing
+// committed, or the messages of the committed batch to give up on.
+func (r *Runner) batchTx(ctx context.Context, msgs []kafka.Message, keys []dedupe.Key) (batchResult, error) {
+	res := batchResult{failedAt: -1}
 	tx, err := r.inbox.DB().BeginTx(ctx, pgx.TxOptions{IsoLevel: r.cfg.IsoLevel})
 	if err != nil {
-		return -1, nil, err
+		return res, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
 	claims, err := r.inbox.ClaimBatch(ctx, tx, keys)
 	if err != nil {
-		return -1, nil, err
+		return res, err
 	}
 	var handled, dups int64
-	var giveUp, fresh []int
+	var fresh []int
 	for n, c := range claims {
 		switch c.Outcome {
 		case dedupe.OutcomeClaimed:
@@ -102,22 +132,24 @@ func (r *Runner) batchTx(ctx context.Context, msgs []kafka.Message, keys []dedup
 		case dedupe.OutcomePoisoned, dedupe.OutcomeConflict:
 			// ClaimBatch also reports a key repeated within the batch with
 			// another fingerprint as a conflict.
-			giveUp = append(giveUp, n)
+			res.giveUp = append(res.giveUp, batchGiveUp{n: n, err: fmt.Errorf("%w: %s", c.Outcome.Err(), keys[n]),
+				refused: c.Outcome == dedupe.OutcomeConflict})
 		default:
-			return -1, nil, errBatchInFlight
+			return res, errBatchInFlight
 		}
 	}
 	if r.handler != nil {
 		for _, n := range fresh {
 			if err := r.run(dedupe.ContextWithClaim(ctx, claims[n]), tx, msgs[n]); err != nil {
 				if retryable(err) {
-					return -1, nil, fmt.Errorf("%w: %w", dedupe.ErrRetryable, err)
+					return res, fmt.Errorf("%w: %w", dedupe.ErrRetryable, err)
 				}
-				return n, err, nil
+				res.failedAt, res.herr = n, err
+				return res, nil
 			}
-			if res, ok := claims[n].PendingResult(); ok {
-				if err := r.inbox.StoreResultTx(ctx, tx, claims[n], res); err != nil {
-					return -1, nil, err
+			if p, ok := claims[n].PendingResult(); ok {
+				if err := r.inbox.StoreResultTx(ctx, tx, claims[n], p); err != nil {
+					return res, err
 				}
 			}
 			handled++
@@ -129,24 +161,19 @@ func (r *Runner) batchTx(ctx context.Context, msgs []kafka.Message, keys []dedup
 		}
 		if err := r.runBatch(ctx, tx, batch); err != nil {
 			if retryable(err) {
-				return -1, nil, fmt.Errorf("%w: %w", dedupe.ErrRetryable, err)
+				return res, fmt.Errorf("%w: %w", dedupe.ErrRetryable, err)
 			}
-			return -1, err, nil
+			res.herr = err
+			return res, nil
 		}
 		handled = int64(len(fresh))
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return -1, nil, err
+		return res, err
 	}
 	r.stats.handled.Add(handled)
 	r.stats.duplicates.Add(dups)
-	for _, n := range giveUp {
-		reason := claims[n].Outcome.Err()
-		if !r.giveUp(ctx, msgs[n], fmt.Errorf("%w: %s", reason, keys[n])) {
-			return -1, nil, ctx.Err()
-		}
-	}
-	return -1, nil, nil
+	return res, nil
 }
 
 // run calls the handler, turning a panic into a *dedupe.PanicError.

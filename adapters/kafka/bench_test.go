@@ -3,7 +3,6 @@ package dedupekafka_test
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,50 +14,10 @@ import (
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 )
 
-// gate wraps a real reader: after the first message (the warm-up, which
-// proves the group is joined) FetchMessage waits until the gate opens, so the
-// benchmark's messages are produced before the clock starts.
-// It also records the highest committed offset, which is when a variant is
-// done: every effect committed, then its offset.
-type gate struct {
-	dedupekafka.Reader
-	open      chan struct{}
-	fetched   atomic.Int64
-	committed atomic.Int64 // highest offset committed, plus one
-}
-
-func (g *gate) CommitMessages(ctx context.Context, msgs ...kafka.Message) error {
-	if err := g.Reader.CommitMessages(ctx, msgs...); err != nil {
-		return err
-	}
-	for _, m := range msgs {
-		for {
-			cur := g.committed.Load()
-			if m.Offset+1 <= cur || g.committed.CompareAndSwap(cur, m.Offset+1) {
-				break
-			}
-		}
-	}
-	return nil
-}
-
-func (g *gate) FetchMessage(ctx context.Context) (kafka.Message, error) {
-	if g.fetched.Add(1) > 1 {
-		select {
-		case <-g.open:
-		case <-ctx.Done():
-			return kafka.Message{}, ctx.Err()
-		}
-	}
-	return g.Reader.FetchMessage(ctx)
-}
-
 // benchEnv is one benchmark run's schema, broker and topic (one partition,
 // so that every variant does the same sequential work).
 type benchEnv struct {
-	b      *bundle
-	reader *kafka.Reader
-	gate   *gate
+	b *bundle
 }
 
 func newBenchEnv(b *testing.B) *benchEnv {
@@ -68,47 +27,45 @@ func newBenchEnv(b *testing.B) *benchEnv {
 		b.Fatal(err)
 	}
 	db.Exec(b, `CREATE TABLE effects (id bigserial PRIMARY KEY, msg_id text NOT NULL, part int, off bigint, body bytea)`)
-	inbox, err := dedupe.New(db.Pool, nil)
+	log := newTestLog(b)
+	inbox, err := dedupe.New(db.Pool, &dedupe.Config{Logger: log.logger})
 	if err != nil {
 		b.Fatal(err)
 	}
-	bu := &bundle{db: db, inbox: inbox, brokers: cluster(b, 1, "orders"), topic: "orders", group: "bench"}
-	reader := newReader(bu.brokers, bu.group, bu.topic)
-	b.Cleanup(func() { _ = reader.Close() })
-	return &benchEnv{b: bu, reader: reader, gate: &gate{Reader: reader, open: make(chan struct{})}}
+	return &benchEnv{b: &bundle{log: log, db: db, inbox: inbox, brokers: cluster(b, 1, "orders"), topic: "orders", group: "bench"}}
 }
 
-// run warms the consumer up with one message, produces b.N messages, then
-// times how long the consumer takes to commit all of them.
+// run produces b.N messages, starts the consumer, and times it from its
+// first effect to its last (so that joining the group is not counted).
 func (e *benchEnv) run(b *testing.B, consume func(ctx context.Context)) time.Duration {
+	msgs := make([]kafka.Message, b.N+1)
+	for n := range msgs {
+		msgs[n] = msg(fmt.Sprintf("m-%d", n), "", []byte("body"))
+	}
+	e.b.produce(b, msgs...)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); consume(ctx) }()
 	defer func() { cancel(); <-done }()
 
-	e.b.produce(b, msg("warm-up", "", nil))
-	dbtest.WaitFor(b, 30*time.Second, "the warm-up message", func() bool { return e.gate.committed.Load() == 1 })
-	msgs := make([]kafka.Message, b.N)
-	for n := range msgs {
-		msgs[n] = msg(fmt.Sprintf("m-%d", n), "", []byte("body"))
-	}
-	e.b.produce(b, msgs...)
-
 	b.ResetTimer()
-	start := time.Now()
-	close(e.gate.open)
-	deadline := start.Add(120 * time.Second)
-	for e.gate.committed.Load() < int64(b.N)+1 {
+	var start time.Time
+	deadline := time.Now().Add(120 * time.Second)
+	for {
+		n := e.b.effects(b)
+		if n > 0 && start.IsZero() {
+			start = time.Now()
+		}
+		if n == b.N+1 {
+			break
+		}
 		if time.Now().After(deadline) {
-			b.Fatalf("committed %d of %d within 120s", e.gate.committed.Load(), b.N+1)
+			b.Fatalf("%d of %d effects within 120s", n, b.N+1)
 		}
 		time.Sleep(200 * time.Microsecond)
 	}
 	elapsed := time.Since(start)
 	b.StopTimer()
-	if n := e.b.effects(b); n != b.N+1 {
-		b.Fatalf("effects = %d, want %d", n, b.N+1)
-	}
 	return elapsed
 }
 
@@ -119,10 +76,11 @@ func (e *benchEnv) runner(b *testing.B, batch int, h dedupekafka.HandlerFunc, bh
 		r   *dedupekafka.Runner
 		err error
 	)
+	rc := readerConfig(e.b.brokers, e.b.group, e.b.topic)
 	if bh != nil {
-		r, err = dedupekafka.NewBatch(e.b.inbox, e.gate, dedupekafka.Config{BatchSize: batch}, bh)
+		r, err = dedupekafka.NewBatch(e.b.inbox, rc, dedupekafka.Config{BatchSize: batch}, bh)
 	} else {
-		r, err = dedupekafka.New(e.b.inbox, e.gate, dedupekafka.Config{BatchSize: batch}, h)
+		r, err = dedupekafka.New(e.b.inbox, rc, dedupekafka.Config{BatchSize: batch}, h)
 	}
 	if err != nil {
 		b.Fatal(err)
@@ -139,8 +97,8 @@ func (e *benchEnv) runner(b *testing.B, batch int, h dedupekafka.HandlerFunc, bh
 	}
 }
 
-// Hand-written batch consumer: the same reader, the same inbox table and
-// effects; a goroutine prefetching into a buffer (as the adapter does), one
+// Hand-written batch consumer: a kafka-go group reader over the same topic,
+// the same inbox table and effects; a goroutine prefetching into a buffer, one
 // unnest upsert per batch of up to batch messages gathered with a 5ms linger
 // (the adapter's default), effects, one commit, one offset commit, no library.
 const handClaim = `INSERT INTO dedupe_inbox (scope, key, state, token, created_at, updated_at, expires_at)
@@ -149,11 +107,13 @@ ON CONFLICT (scope, key) DO NOTHING RETURNING key`
 
 func (e *benchEnv) handwritten(b *testing.B, batch int, batchEffects bool) func(ctx context.Context) {
 	return func(ctx context.Context) {
+		rd := kafka.NewReader(readerConfig(e.b.brokers, e.b.group, e.b.topic))
+		defer rd.Close()
 		ch := make(chan kafka.Message, 2*batch)
 		go func() {
 			defer close(ch)
 			for {
-				m, err := e.gate.FetchMessage(ctx)
+				m, err := rd.FetchMessage(ctx)
 				if err != nil {
 					return
 				}
@@ -191,7 +151,7 @@ func (e *benchEnv) handwritten(b *testing.B, batch int, batchEffects bool) func(
 				}
 				return
 			}
-			if err := e.gate.CommitMessages(ctx, msgs[len(msgs)-1]); err != nil {
+			if err := rd.CommitMessages(ctx, msgs[len(msgs)-1]); err != nil {
 				return
 			}
 		}
@@ -254,7 +214,9 @@ func BenchmarkConsume(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			e := newBenchEnv(b)
 			got := float64(e.run(b, consume(e, b)).Nanoseconds()) / float64(b.N)
-			if old, ok := ns[name]; !ok || got < old {
+			// The testing package's probe run (b.N = 1) times one or two
+			// messages that may commit together: not a rate.
+			if old, ok := ns[name]; b.N >= 100 && (!ok || got < old) {
 				ns[name] = got
 			}
 			for _, other := range than {

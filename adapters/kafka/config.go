@@ -3,6 +3,7 @@ package dedupekafka
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -13,12 +14,14 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultBatchSize        = 1
-	DefaultBatchHandlerSize = 100
-	DefaultLinger           = 5 * time.Millisecond
-	DefaultRetryBackoff     = 100 * time.Millisecond
-	DefaultMaxRetryBackoff  = 5 * time.Second
-	DefaultCommitTimeout    = 10 * time.Second
+	DefaultBatchSize          = 1
+	DefaultBatchHandlerSize   = 100
+	DefaultLinger             = 5 * time.Millisecond
+	DefaultRetryBackoff       = 100 * time.Millisecond
+	DefaultMaxRetryBackoff    = 5 * time.Second
+	DefaultCommitInterval     = time.Second
+	DefaultCommitTimeout      = 10 * time.Second
+	DefaultDeadLetterAttempts = 5
 )
 
 // DefaultKeyHeaders are the headers looked up, in order, for a message's key.
@@ -27,7 +30,8 @@ var DefaultKeyHeaders = []string{"Idempotency-Key", "message-id"}
 // HandlerFunc processes one message inside tx, the transaction that also holds
 // its claim (and, in batch mode, the claims and effects of the other new
 // messages of its batch). Write the effects through tx. Return an error to roll
-// back; wrap it with dedupe.Permanent when retrying cannot help.
+// back; wrap it with dedupe.Permanent when retrying cannot help. ctx ends when
+// the runner stops or the partition is revoked: return promptly then.
 type HandlerFunc = dedupe.HandlerFunc[kafka.Message]
 
 // BatchHandlerFunc processes the new messages of one batch (of one
@@ -38,15 +42,6 @@ type HandlerFunc = dedupe.HandlerFunc[kafka.Message]
 // with a one-message slice, in its own transaction.
 type BatchHandlerFunc func(ctx context.Context, tx pgx.Tx, msgs []kafka.Message) error
 
-// Reader is the part of *kafka.Reader the Runner uses. Pass a *kafka.Reader
-// configured with a GroupID; the interface lets a caller wrap it (metrics,
-// tracing).
-type Reader interface {
-	FetchMessage(ctx context.Context) (kafka.Message, error)
-	CommitMessages(ctx context.Context, msgs ...kafka.Message) error
-	Config() kafka.ReaderConfig
-}
-
 // Writer is the part of *kafka.Writer the dead-letter path uses.
 type Writer interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
@@ -55,25 +50,35 @@ type Writer interface {
 // Config configures a Runner. The zero value is usable.
 type Config struct {
 	// Scope is the namespace of the keys in the inbox. Defaults to the
-	// reader's GroupID.
+	// reader configuration's GroupID.
 	Scope string
 	// KeyHeaders are the message headers whose first non-empty value is the
 	// message's dedup key; names match case-insensitively. A message with none
-	// of them is keyed by "topic/partition/offset", which dedups broker
-	// redeliveries but not a producer that sent the same thing twice.
-	// Defaults to DefaultKeyHeaders ("Idempotency-Key", then "message-id").
+	// of them is refused (ErrMissingKey): it is recorded failed in the inbox
+	// under RefusedKey and dead-lettered, never handled under a guessed key,
+	// unless OffsetKeyFallback is set. Defaults to DefaultKeyHeaders
+	// ("Idempotency-Key", then "message-id").
 	KeyHeaders []string
-	// Key, when set, replaces the header lookup entirely. Defaults to nil.
+	// OffsetKeyFallback keys a message that has none of the KeyHeaders by its
+	// broker position, "topic/partition/offset" (OffsetKey). That dedups
+	// broker redeliveries but not a producer that sent the same event twice,
+	// and it is only safe while the topic is never deleted and recreated:
+	// offsets restart with a new topic, so its new messages would take the
+	// keys of old ones and be dropped as duplicates. Defaults to false.
+	OffsetKeyFallback bool
+	// Key, when set, replaces the header lookup (and OffsetKeyFallback)
+	// entirely; an error refuses the message as ErrMissingKey does. Defaults
+	// to nil.
 	Key func(msg kafka.Message) (string, error)
 	// Fingerprint optionally hashes the payload (see dedupe.Key.Fingerprint).
 	// Defaults to nil (no fingerprint).
 	Fingerprint func(msg kafka.Message) []byte
 	// BatchSize is how many messages of one partition are claimed with one
 	// statement and handled in one transaction. 1 is per-message mode (one
-	// transaction and one offset commit per message). Defaults to 1 for New
-	// and to DefaultBatchHandlerSize (100) for NewBatch.
+	// transaction per message). Defaults to 1 for New and to
+	// DefaultBatchHandlerSize (100) for NewBatch.
 	BatchSize int
-	// Linger is how long a partition worker waits for more messages to fill a
+	// Linger is how long a partition waits for more messages to fill a
 	// batch once it has at least one. Only used when BatchSize > 1. Defaults
 	// to 5ms.
 	Linger time.Duration
@@ -81,31 +86,45 @@ type Config struct {
 	// marked failed, it is dead-lettered and its offset committed. Defaults to
 	// the inbox's Config.MaxAttempts; negative means no limit.
 	MaxAttempts int
-	// RetryBackoff is the first delay before a failed message is tried again
-	// (its partition waits; Kafka has no per-message redelivery). It doubles
-	// per attempt up to MaxRetryBackoff. Defaults to 100ms.
+	// RetryBackoff is the first delay before a failed message (or dead-letter
+	// write) is tried again; its partition waits, the others do not. It
+	// doubles per attempt up to MaxRetryBackoff. Defaults to 100ms.
 	RetryBackoff time.Duration
 	// MaxRetryBackoff caps the retry delay. Defaults to 5s.
 	MaxRetryBackoff time.Duration
-	// CommitTimeout bounds one CommitMessages call, which runs even while the
-	// Runner shuts down so that committed effects are not redelivered
-	// needlessly. Defaults to 10s.
+	// CommitInterval is how often the highest offset each partition has
+	// committed to the database is committed to the group, in one request for
+	// all partitions. Offsets are also committed when partitions are revoked
+	// and when the runner stops. A crash loses at most this much offset
+	// progress; the redeliveries it causes are absorbed by the inbox.
+	// Defaults to 1s.
+	CommitInterval time.Duration
+	// CommitTimeout bounds each request to the group coordinator, offset
+	// commits included (kafka.ConsumerGroupConfig.Timeout). Defaults to 10s.
 	CommitTimeout time.Duration
-	// DeadLetter, when set, receives every message given up on (poisoned, or
-	// a key conflict or an unusable key) with headers naming the origin and
-	// the error, before its offset is committed. Use a synchronous writer
-	// (kafka.Writer with Async false) and a topic other than the consumed one.
-	// Defaults to nil (the message is recorded failed in the inbox and logged).
+	// DeadLetter, when set, receives every message given up on (poisoned, a
+	// key conflict, or no usable key) with headers naming the origin and the
+	// error, before its offset is committed. It must be synchronous and
+	// durable: a *kafka.Writer must have a Topic other than the consumed ones,
+	// RequiredAcks kafka.RequireAll and Async false (ErrInvalidConfig
+	// otherwise). Defaults to nil: the message stays visible as a failed key
+	// in the inbox (its own key, or RefusedKey) and in the log.
 	DeadLetter Writer
+	// DeadLetterAttempts is how many times one message's dead-letter write is
+	// tried, with backoff, before its partition pauses: the partition stops
+	// (the others go on), the error is logged and counted in Stats.Paused, and
+	// the message's offset stays uncommitted, so the partition's next owner
+	// (after a rebalance or restart) tries again. Defaults to 5.
+	DeadLetterAttempts int
 	// IsoLevel is the isolation level of the transactions. Defaults to the
 	// database default (read committed).
 	IsoLevel pgx.TxIsoLevel
-	// Logger receives the runner's logs. Defaults to the inbox's logger.
+	// Logger receives the runner's logs, and kafka-go's error logs. Defaults
+	// to the inbox's logger.
 	Logger *slog.Logger
 }
 
-func (c Config) withDefaults(inbox *dedupe.Inbox, r Reader) (Config, error) {
-	rc := r.Config()
+func (c Config) withDefaults(inbox *dedupe.Inbox, rc kafka.ReaderConfig) (Config, error) {
 	if rc.GroupID == "" {
 		return c, ErrNoGroup
 	}
@@ -125,10 +144,16 @@ func (c Config) withDefaults(inbox *dedupe.Inbox, r Reader) (Config, error) {
 		c.RetryBackoff = DefaultRetryBackoff
 	}
 	if c.MaxRetryBackoff == 0 {
-		c.MaxRetryBackoff = DefaultMaxRetryBackoff
+		c.MaxRetryBackoff = max(DefaultMaxRetryBackoff, c.RetryBackoff)
+	}
+	if c.CommitInterval == 0 {
+		c.CommitInterval = DefaultCommitInterval
 	}
 	if c.CommitTimeout == 0 {
 		c.CommitTimeout = DefaultCommitTimeout
+	}
+	if c.DeadLetterAttempts == 0 {
+		c.DeadLetterAttempts = DefaultDeadLetterAttempts
 	}
 	if c.Logger == nil {
 		c.Logger = inbox.Config().Logger
@@ -142,11 +167,29 @@ func (c Config) withDefaults(inbox *dedupe.Inbox, r Reader) (Config, error) {
 		return c, &dedupe.ConfigError{Field: "RetryBackoff", Reason: "must not be negative"}
 	case c.MaxRetryBackoff < c.RetryBackoff:
 		return c, &dedupe.ConfigError{Field: "MaxRetryBackoff", Reason: "must be at least RetryBackoff"}
+	case c.CommitInterval < 0:
+		return c, &dedupe.ConfigError{Field: "CommitInterval", Reason: "must be positive"}
 	case c.CommitTimeout < 0:
 		return c, &dedupe.ConfigError{Field: "CommitTimeout", Reason: "must be positive"}
+	case c.DeadLetterAttempts < 0:
+		return c, &dedupe.ConfigError{Field: "DeadLetterAttempts", Reason: "must be positive"}
 	}
 	if err := (dedupe.Key{Scope: c.Scope, ID: "x"}).Validate(); err != nil {
 		return c, &dedupe.ConfigError{Field: "Scope", Reason: err.Error()}
+	}
+	if w, ok := c.DeadLetter.(*kafka.Writer); ok {
+		switch {
+		case w == nil:
+			return c, &dedupe.ConfigError{Field: "DeadLetter", Reason: "is a nil *kafka.Writer"}
+		case w.Async:
+			return c, &dedupe.ConfigError{Field: "DeadLetter.Async", Reason: "must be false: an asynchronous write returns before the dead letter is durable, and the offset would be committed without it"}
+		case w.RequiredAcks != kafka.RequireAll:
+			return c, &dedupe.ConfigError{Field: "DeadLetter.RequiredAcks", Reason: "must be kafka.RequireAll: the dead letter is the only copy once the offset is committed"}
+		case w.Topic == "":
+			return c, &dedupe.ConfigError{Field: "DeadLetter.Topic", Reason: "must name the dead-letter topic"}
+		case slices.Contains(groupTopics(rc), w.Topic):
+			return c, &dedupe.ConfigError{Field: "DeadLetter.Topic", Reason: "must not be a consumed topic"}
+		}
 	}
 	return c, nil
 }

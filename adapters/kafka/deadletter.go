@@ -5,6 +5,8 @@ import (
 	"strconv"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/exactlyonce/dedupe"
 )
 
 // Headers added to a dead-lettered message, next to its own.
@@ -15,34 +17,68 @@ const (
 	HeaderDeadLetterError     = "dedupe-error"
 )
 
+// refuse gives up on msg, which has no failed key of its own (it has no
+// usable key, or its key completed with another payload): it first records
+// RefusedKey(msg) failed in the inbox, with cause, so that the message stays
+// visible there whether or not a dead-letter topic is configured, then gives
+// up on it. A database failure is retried; the partition waits.
+func (r *Runner) refuse(ctx context.Context, msg kafka.Message, cause error) step {
+	key := dedupe.Key{Scope: r.cfg.Scope, ID: RefusedKey(msg)}
+	backoff := r.cfg.RetryBackoff
+	for {
+		_, _, err := r.inbox.RecordFailure(ctx, key, dedupe.Permanent(cause))
+		if err == nil {
+			// Recorded now, or by an earlier delivery of the same message.
+			return r.giveUp(ctx, msg, cause)
+		}
+		if ctx.Err() != nil {
+			return stepStopped
+		}
+		r.cfg.Logger.WarnContext(ctx, "dedupekafka: recording a refused message failed, retrying",
+			"topic", msg.Topic, "partition", msg.Partition, "offset", msg.Offset, "key", key.ID, "err", err)
+		if !sleep(ctx, backoff) {
+			return stepStopped
+		}
+		backoff = min(2*backoff, r.cfg.MaxRetryBackoff)
+	}
+}
+
 // giveUp ends the processing of msg without effects: its key is already
-// marked failed (or cannot be used); it is logged, written to the dead-letter
-// topic when one is configured (retrying until that succeeds), and its offset
-// may then be committed. It reports false only when ctx ended first.
-func (r *Runner) giveUp(ctx context.Context, msg kafka.Message, cause error) bool {
+// marked failed (or refuse recorded it). It is logged and, when a
+// dead-letter writer is configured, written there with up to
+// DeadLetterAttempts tries; then its offset may be committed (stepDone). If
+// every try fails the partition pauses (stepPaused) so that the offset is not
+// committed without the copy.
+func (r *Runner) giveUp(ctx context.Context, msg kafka.Message, cause error) step {
 	r.cfg.Logger.ErrorContext(ctx, "dedupekafka: giving up on message",
 		"topic", msg.Topic, "partition", msg.Partition, "offset", msg.Offset, "err", cause)
 	if r.cfg.DeadLetter != nil {
 		dl := DeadLetterMessage(msg, cause)
 		backoff := r.cfg.RetryBackoff
-		for {
+		for attempt := 1; ; attempt++ {
 			err := r.cfg.DeadLetter.WriteMessages(ctx, dl)
 			if err == nil {
 				r.stats.deadLettered.Add(1)
 				break
 			}
 			if ctx.Err() != nil {
-				return false
+				return stepStopped
 			}
-			r.cfg.Logger.ErrorContext(ctx, "dedupekafka: dead-letter write failed, retrying", "err", deadLetterError(msg, err))
+			r.stats.deadLetterErrors.Add(1)
+			derr := &DeadLetterError{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, Attempt: attempt, Err: err}
+			if attempt >= r.cfg.DeadLetterAttempts {
+				r.cfg.Logger.ErrorContext(ctx, "dedupekafka: dead-letter write failed; pausing the partition", "err", derr)
+				return stepPaused
+			}
+			r.cfg.Logger.WarnContext(ctx, "dedupekafka: dead-letter write failed, retrying", "err", derr)
 			if !sleep(ctx, backoff) {
-				return false
+				return stepStopped
 			}
 			backoff = min(2*backoff, r.cfg.MaxRetryBackoff)
 		}
 	}
 	r.stats.givenUp.Add(1)
-	return true
+	return stepDone
 }
 
 // DeadLetterMessage returns the message written to the dead-letter topic for

@@ -17,7 +17,8 @@ import (
 )
 
 // A per-message consumer: each order event is handled in its own
-// transaction with its claim, then its offset is committed.
+// transaction with its claim; its offset is committed after it, within a
+// second (Config.CommitInterval).
 func ExampleNew() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -33,16 +34,15 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	reader := kafka.NewReader(kafka.ReaderConfig{
+	group := kafka.ReaderConfig{
 		Brokers: []string{"127.0.0.1:9092"},
 		GroupID: "billing", // also the inbox scope
 		Topic:   "orders",
-	})
-	defer reader.Close()
-
-	runner, err := dedupekafka.New(inbox, reader, dedupekafka.Config{},
+	}
+	runner, err := dedupekafka.New(inbox, group, dedupekafka.Config{},
 		func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
-			// Runs once per Idempotency-Key (or message-id, else offset).
+			// Runs once per Idempotency-Key (or message-id); a message with
+			// neither is refused: recorded failed under RefusedKey.
 			_, err := tx.Exec(ctx, "INSERT INTO invoices (order_key, body) VALUES ($1, $2)", m.Key, m.Value)
 			return err
 		})
@@ -56,8 +56,8 @@ func ExampleNew() {
 }
 
 // A batch consumer: up to 200 events of a partition are claimed with one
-// statement and booked with one more, in one transaction and one offset
-// commit; poison events go to a dead-letter topic.
+// statement and booked with one more, in one transaction; poison events go
+// to a dead-letter topic.
 func ExampleNewBatch() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -69,12 +69,11 @@ func ExampleNewBatch() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	reader := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{"127.0.0.1:9092"}, GroupID: "ledger", Topic: "payments"})
-	defer reader.Close()
+	group := kafka.ReaderConfig{Brokers: []string{"127.0.0.1:9092"}, GroupID: "ledger", Topic: "payments"}
 	dlq := &kafka.Writer{Addr: kafka.TCP("127.0.0.1:9092"), Topic: "payments.dlq", RequiredAcks: kafka.RequireAll}
 	defer dlq.Close()
 
-	runner, err := dedupekafka.NewBatch(inbox, reader, dedupekafka.Config{
+	runner, err := dedupekafka.NewBatch(inbox, group, dedupekafka.Config{
 		BatchSize:   200,
 		Linger:      10 * time.Millisecond,
 		MaxAttempts: 5,
@@ -97,15 +96,20 @@ func ExampleNewBatch() {
 	}
 }
 
-// The key of a message: the first header of Config.KeyHeaders, else its
-// topic/partition/offset.
+// The key of a message: the first header of Config.KeyHeaders. Without one
+// the message is refused and recorded failed under its RefusedKey, unless
+// Config.OffsetKeyFallback keys it by its OffsetKey.
 func ExampleKeyFromHeaders() {
-	m := kafka.Message{Topic: "orders", Partition: 1, Offset: 42,
+	m := kafka.Message{Topic: "orders", Partition: 1, Offset: 42, Time: time.UnixMilli(1700000000000),
 		Headers: []kafka.Header{{Key: "message-id", Value: []byte("evt-9")}}}
-	fmt.Println(dedupekafka.KeyFromHeaders(m, dedupekafka.DefaultKeyHeaders...))
+	fmt.Printf("%q\n", dedupekafka.KeyFromHeaders(m, dedupekafka.DefaultKeyHeaders...))
 	m.Headers = nil
-	fmt.Println(dedupekafka.KeyFromHeaders(m, dedupekafka.DefaultKeyHeaders...))
+	fmt.Printf("%q\n", dedupekafka.KeyFromHeaders(m, dedupekafka.DefaultKeyHeaders...))
+	fmt.Println(dedupekafka.RefusedKey(m))
+	fmt.Println(dedupekafka.OffsetKey(m))
 	// Output:
-	// evt-9
+	// "evt-9"
+	// ""
+	// dedupekafka-refused/orders/1/42/1700000000000
 	// orders/1/42
 }

@@ -20,12 +20,11 @@ func (r *Runner) consumerHandler(ctx context.Context, tx pgx.Tx, msg kafka.Messa
 // handleOne handles msg in its own transaction, retrying with backoff until
 // it is handled, found a duplicate or given up on. failed, when not nil, is
 // the error its handler returned in a batch just rolled back: it is recorded
-// as an attempt without running the handler again. handleOne reports false
-// only when ctx ended first.
-func (r *Runner) handleOne(ctx context.Context, msg kafka.Message, failed error) bool {
+// as an attempt without running the handler again.
+func (r *Runner) handleOne(ctx context.Context, msg kafka.Message, failed error) step {
 	key, err := r.consumer.KeyOf(msg)
 	if err != nil {
-		return r.giveUp(ctx, msg, err)
+		return r.refuse(ctx, msg, err)
 	}
 	backoff := r.cfg.RetryBackoff
 	for {
@@ -39,15 +38,19 @@ func (r *Runner) handleOne(ctx context.Context, msg kafka.Message, failed error)
 		switch {
 		case err == nil && outcome == dedupe.OutcomeDuplicate:
 			r.stats.duplicates.Add(1)
-			return true
+			return stepDone
 		case err == nil:
 			r.stats.handled.Add(1)
-			return true
-		case outcome == dedupe.OutcomePoisoned, outcome == dedupe.OutcomeConflict:
+			return stepDone
+		case outcome == dedupe.OutcomePoisoned:
 			return r.giveUp(ctx, msg, err)
+		case outcome == dedupe.OutcomeConflict:
+			// The key is complete with another payload: this message has no
+			// failed key of its own.
+			return r.refuse(ctx, msg, err)
 		}
 		if ctx.Err() != nil {
-			return false
+			return stepStopped
 		}
 		// OutcomeRetry (the handler failed), OutcomeInFlight, or the database
 		// failed: the partition waits and tries the same message again.
@@ -57,7 +60,7 @@ func (r *Runner) handleOne(ctx context.Context, msg kafka.Message, failed error)
 				"topic", msg.Topic, "partition", msg.Partition, "offset", msg.Offset, "outcome", outcome, "err", err)
 		}
 		if !sleep(ctx, backoff) {
-			return false
+			return stepStopped
 		}
 		backoff = min(2*backoff, r.cfg.MaxRetryBackoff)
 	}

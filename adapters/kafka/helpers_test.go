@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/exactlyonce/dedupe"
 	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
@@ -25,10 +27,10 @@ func cluster(t testing.TB, partitions int32, topics ...string) []string {
 	return kafkatest.ClusterWith(t, partitions, topics, []kfake.Opt{kfake.GroupMinSessionTimeout(100 * time.Millisecond)})
 }
 
-// newReader returns a group reader tuned for fast joins and rebalances on
-// loopback. The caller closes it.
-func newReader(brokers []string, group, topic string) *kafka.Reader {
-	return kafka.NewReader(kafka.ReaderConfig{
+// readerConfig returns a group reader configuration tuned for fast joins
+// and rebalances on loopback.
+func readerConfig(brokers []string, group, topic string) kafka.ReaderConfig {
+	return kafka.ReaderConfig{
 		Brokers:           brokers,
 		GroupID:           group,
 		Topic:             topic,
@@ -43,7 +45,7 @@ func newReader(brokers []string, group, topic string) *kafka.Reader {
 		ReadBackoffMax:    100 * time.Millisecond,
 		QueueCapacity:     1000,
 		MaxBytes:          4 << 20,
-	})
+	}
 }
 
 // newWriter returns a synchronous writer hashing message keys onto
@@ -79,15 +81,26 @@ func msg(id, orderKey string, body []byte) kafka.Message {
 // groupLag is the number of messages of topic past the group's committed
 // offsets, read from the broker.
 func groupLag(ctx context.Context, brokers []string, group, topic string) (int, error) {
+	lags, err := partitionLags(ctx, brokers, group, topic)
+	lag := 0
+	for _, l := range lags {
+		lag += l
+	}
+	return lag, err
+}
+
+// partitionLags is, per partition of topic, the number of messages past the
+// group's committed offset, read from the broker.
+func partitionLags(ctx context.Context, brokers []string, group, topic string) (map[int]int, error) {
 	tr := &kafka.Transport{}
 	defer tr.CloseIdleConnections()
 	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: tr, Timeout: 5 * time.Second}
 	meta, err := cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	if len(meta.Topics) != 1 || meta.Topics[0].Error != nil {
-		return 0, fmt.Errorf("metadata of %s: %+v", topic, meta.Topics)
+		return nil, fmt.Errorf("metadata of %s: %+v", topic, meta.Topics)
 	}
 	var parts []int
 	var reqs []kafka.OffsetRequest
@@ -97,34 +110,35 @@ func groupLag(ctx context.Context, brokers []string, group, topic string) (int, 
 	}
 	lo, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	of, err := cl.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: parts}})
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	if of.Error != nil {
-		return 0, of.Error
+		return nil, of.Error
 	}
 	committed := map[int]int64{}
 	for _, p := range of.Topics[topic] {
 		if p.Error != nil {
-			return 0, p.Error
+			return nil, p.Error
 		}
 		committed[p.Partition] = max(p.CommittedOffset, 0)
 	}
-	lag := 0
+	lags := map[int]int{}
 	for _, p := range lo.Topics[topic] {
 		if p.Error != nil {
-			return 0, p.Error
+			return nil, p.Error
 		}
-		lag += int(p.LastOffset - committed[p.Partition])
+		lags[p.Partition] = int(p.LastOffset - committed[p.Partition])
 	}
-	return lag, nil
+	return lags, nil
 }
 
 // bundle is what setup gives a test.
 type bundle struct {
+	log     *testLog
 	db      *dbtest.DB
 	inbox   *dedupe.Inbox
 	brokers []string
@@ -141,11 +155,12 @@ func setup(t *testing.T, partitions int32) *bundle {
 		t.Fatalf("migrate: %v", err)
 	}
 	db.Exec(t, `CREATE TABLE effects (id bigserial PRIMARY KEY, msg_id text NOT NULL, part int, off bigint, body bytea)`)
-	inbox, err := dedupe.New(db.Pool, nil)
+	log := newTestLog(t)
+	inbox, err := dedupe.New(db.Pool, &dedupe.Config{Logger: log.logger})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &bundle{db: db, inbox: inbox, brokers: cluster(t, partitions, "orders", "orders.dlq"), topic: "orders", group: "billing"}
+	return &bundle{log: log, db: db, inbox: inbox, brokers: cluster(t, partitions, "orders", "orders.dlq"), topic: "orders", group: "billing"}
 }
 
 // insertEffect is the business write of the tests' handlers.
@@ -197,64 +212,57 @@ func numbered(n int, format string, body []byte) []kafka.Message {
 // member is one running group member.
 type member struct {
 	runner *dedupekafka.Runner
-	reader *kafka.Reader
 	cancel context.CancelFunc
 	done   chan error
 	once   atomic.Bool
 }
 
-// start runs a Runner over r (a fresh reader of the bundle's group when nil)
-// and stops it at cleanup.
-func (b *bundle) start(t *testing.T, cfg dedupekafka.Config, h dedupekafka.HandlerFunc, wrap ...func(dedupekafka.Reader) dedupekafka.Reader) *member {
+// start runs a Runner of the bundle's group and stops it at cleanup; tune
+// edits its reader configuration.
+func (b *bundle) start(t *testing.T, cfg dedupekafka.Config, h dedupekafka.HandlerFunc, tune ...func(*kafka.ReaderConfig)) *member {
 	t.Helper()
-	return b.startWith(t, func(rd dedupekafka.Reader) (*dedupekafka.Runner, error) { return dedupekafka.New(b.inbox, rd, cfg, h) }, wrap...)
+	return b.startWith(t, func(rc kafka.ReaderConfig) (*dedupekafka.Runner, error) { return dedupekafka.New(b.inbox, rc, cfg, h) }, tune...)
 }
 
 // startBatch is start for a batch handler (NewBatch).
 func (b *bundle) startBatch(t *testing.T, cfg dedupekafka.Config, h dedupekafka.BatchHandlerFunc) *member {
 	t.Helper()
-	return b.startWith(t, func(rd dedupekafka.Reader) (*dedupekafka.Runner, error) {
-		return dedupekafka.NewBatch(b.inbox, rd, cfg, h)
+	return b.startWith(t, func(rc kafka.ReaderConfig) (*dedupekafka.Runner, error) {
+		return dedupekafka.NewBatch(b.inbox, rc, cfg, h)
 	})
 }
 
-func (b *bundle) startWith(t *testing.T, build func(dedupekafka.Reader) (*dedupekafka.Runner, error), wrap ...func(dedupekafka.Reader) dedupekafka.Reader) *member {
+func (b *bundle) startWith(t *testing.T, build func(kafka.ReaderConfig) (*dedupekafka.Runner, error), tune ...func(*kafka.ReaderConfig)) *member {
 	t.Helper()
-	reader := newReader(b.brokers, b.group, b.topic)
-	var rd dedupekafka.Reader = reader
-	for _, w := range wrap {
-		rd = w(rd)
+	rc := readerConfig(b.brokers, b.group, b.topic)
+	for _, f := range tune {
+		f(&rc)
 	}
-	runner, err := build(rd)
+	runner, err := build(rc)
 	if err != nil {
-		_ = reader.Close()
 		t.Fatalf("new runner: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &member{runner: runner, reader: reader, cancel: cancel, done: make(chan error, 1)}
+	m := &member{runner: runner, cancel: cancel, done: make(chan error, 1)}
 	go func() { m.done <- runner.Run(ctx) }()
 	t.Cleanup(func() { m.stop(t) })
 	return m
 }
 
-// stop cancels the member, waits for Run and closes its reader; it returns
-// Run's error.
+// stop cancels the member and waits for Run; it returns Run's error.
 func (m *member) stop(t testing.TB) error {
 	t.Helper()
 	if !m.once.CompareAndSwap(false, true) {
 		return nil
 	}
 	m.cancel()
-	var err error
 	select {
-	case err = <-m.done:
-	case <-time.After(20 * time.Second):
-		t.Errorf("runner did not stop within 20s")
+	case err := <-m.done:
+		return err
+	case <-time.After(30 * time.Second):
+		t.Errorf("runner did not stop within 30s")
+		return nil
 	}
-	if cerr := m.reader.Close(); cerr != nil {
-		t.Logf("close reader: %v", cerr)
-	}
-	return err
 }
 
 // waitDrained waits until the group committed every message of the topic.
@@ -280,4 +288,60 @@ func insertEffects(ctx context.Context, tx pgx.Tx, ms []kafka.Message) error {
 	_, err := tx.Exec(ctx, `INSERT INTO effects (msg_id, part, off, body)
 		SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::bytea[])`, ids, parts, offs, bodies)
 	return err
+}
+
+// topicSize is the number of messages in topic (the sum of its partitions'
+// end offsets), read from the broker.
+func topicSize(t testing.TB, brokers []string, topic string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: tr, Timeout: 5 * time.Second}
+	meta, err := cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil || len(meta.Topics) != 1 || meta.Topics[0].Error != nil {
+		t.Fatalf("metadata of %s: %v", topic, err)
+	}
+	var reqs []kafka.OffsetRequest
+	for _, p := range meta.Topics[0].Partitions {
+		reqs = append(reqs, kafka.LastOffsetOf(p.ID))
+	}
+	lo, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+	if err != nil {
+		t.Fatalf("list offsets of %s: %v", topic, err)
+	}
+	n := 0
+	for _, p := range lo.Topics[topic] {
+		n += int(p.LastOffset)
+	}
+	return n
+}
+
+// deleteRecordsBefore moves the start of a partition's log to offset, as
+// retention does (kafka-go has no DeleteRecords, so this speaks franz-go).
+func deleteRecordsBefore(t testing.TB, brokers []string, topic string, partition int32, offset int64) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrDeleteRecordsRequest()
+	rt := kmsg.NewDeleteRecordsRequestTopic()
+	rt.Topic = topic
+	rp := kmsg.NewDeleteRecordsRequestTopicPartition()
+	rp.Partition, rp.Offset = partition, offset
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	req.TimeoutMillis = 10000
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		t.Fatalf("delete records: %v", err)
+	}
+	if code := resp.Topics[0].Partitions[0].ErrorCode; code != 0 {
+		t.Fatalf("delete records: error code %d", code)
+	}
 }

@@ -1,94 +1,130 @@
 // Package dedupekafka gives kafka-go consumer groups exactly-once effects.
 //
-// A Runner fetches messages from a *kafka.Reader in a consumer group, handles
-// each inside a PostgreSQL transaction that also claims the message's key in
-// the dedupe inbox, commits that transaction, and only then commits the
-// message's offset. A crash between the two commits makes Kafka redeliver
-// the message (to this member or, after a rebalance, to another one); the
-// inbox recognises the key and the effects are not repeated.
+// A Runner joins a consumer group (kafka.ConsumerGroup) and, for every
+// partition the group assigns it, runs an independent worker with its own
+// partition reader. A worker handles its partition's messages in order, each
+// inside a PostgreSQL transaction that also claims the message's key in the
+// dedupe inbox; after the database commit it records the partition's next
+// offset. A committer sends the latest recorded offset of every partition to
+// the group in one request every CommitInterval, and again when the
+// partitions are revoked and when the runner stops. A crash between the
+// database commit and the offset commit makes Kafka redeliver up to one
+// interval of messages (to this member or, after a rebalance, to another
+// one); the inbox recognises their keys and the effects are not repeated.
 //
-// Messages of one partition are handled in order, partitions concurrently.
-// In per-message mode (BatchSize 1) each message gets its own transaction and
-// offset commit. In batch mode (BatchSize > 1) up to BatchSize messages of a
-// partition are claimed with one statement, the handler runs for the new ones
-// in that same transaction, and one database commit is followed by one offset
-// commit. When a handler fails inside a batch the batch is rolled back and
-// its messages are handled again one transaction each, so the failure
-// neither loses nor duplicates the others; the failed message is retried
-// with backoff until it succeeds or its attempts are used up, after which
-// its key is marked failed, it is optionally written to a dead-letter topic,
-// and its offset is committed.
+// Partitions are independent: a slow, blocked, failing or paused partition
+// delays only itself, and its reader stops fetching once its queue
+// (ReaderConfig.QueueCapacity) is full. In per-message mode (BatchSize 1) each
+// message gets its own transaction. In batch mode (BatchSize > 1) up to
+// BatchSize messages of a partition are claimed with one statement, the
+// handler runs for the new ones in that same transaction, and one database
+// commit covers them. When a handler fails inside a batch the batch is rolled
+// back and its messages are handled again one transaction each, so the
+// failure neither loses nor duplicates the others; the failed message is
+// retried with backoff until it succeeds or its attempts are used up, after
+// which its key is marked failed, it is optionally written to a dead-letter
+// topic, and its offset is committed.
+//
+// Every message ends in one visible state: its effects committed once, its
+// key failed in the inbox, or a copy in the dead-letter topic. A message
+// without a usable key is refused (not guessed): it is recorded failed under
+// RefusedKey and dead-lettered. A dead-letter write that keeps failing pauses
+// its partition (Stats.Paused) rather than committing the offset without it.
+//
+// Broker limits, and what the runner does at them:
+//
+//   - Rebalance: when the group rebalances, every worker's context ends (a
+//     handler in progress is cancelled and its transaction rolled back), the
+//     committer commits what the workers recorded, within the ending
+//     generation, and only then does the member rejoin. A revoked partition's
+//     offsets are never committed after it was revoked: the broker refuses a
+//     commit of an ended generation. The new owner starts at the committed
+//     offset; any redelivery is absorbed by the inbox.
+//   - Commit interval: offsets are committed every CommitInterval, so a crash
+//     (or a lost commit) redelivers at most one interval of messages, which
+//     the inbox absorbs. A commit never names an offset whose effects did not
+//     commit.
+//   - Retention: messages the broker deletes before they are consumed are
+//     gone; kafka-go skips to the first offset the partition still has. The
+//     runner logs an error with the range it lost (when a partition starts
+//     behind the log, or kafka-go reports the skip), so size retention beyond
+//     your longest outage.
+//   - Topic recreation: offsets restart with a new topic, so keys derived
+//     from offsets (OffsetKeyFallback) would collide with the old topic's and
+//     new messages would be dropped as duplicates; that fallback is opt-in for
+//     this reason. A committed offset beyond the end of the partition (the
+//     topic was recreated or truncated) is logged and consumption resumes at
+//     the first offset; deleting a topic starts a new generation (partition
+//     changes are watched). Stop consumers before recreating a topic: an
+//     offset committed in the instant between deletion and recreation lands
+//     on the new topic.
 package dedupekafka
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/segmentio/kafka-go"
 
 	"github.com/exactlyonce/dedupe"
 )
 
-// Runner consumes a reader's partitions with exactly-once effects. Build it
-// with New or NewBatch and call Run once.
-//
-// One fetch loop feeds a worker per partition. kafka-go delivers every
-// partition through one stream, so a partition that waits to retry a failing
-// message holds the others back once its buffer (2×BatchSize, at least 16
-// messages) is full. After a rebalance a worker may still finish and commit
-// messages of a partition it lost; such a late commit can only move the
-// group's offset back, which causes redeliveries that the inbox absorbs.
+// Runner consumes a consumer group's partitions with exactly-once effects.
+// Build it with New or NewBatch and call Run once.
 //
 // A per-message HandlerFunc may record a result with
 // dedupe.ClaimFromContext(ctx).SetResult in either mode; it is stored with
 // the key in the handler's transaction.
 type Runner struct {
 	inbox    *dedupe.Inbox
-	reader   Reader
+	rc       kafka.ReaderConfig
 	cfg      Config
 	handler  HandlerFunc      // per-message handler (New), or nil
 	batchH   BatchHandlerFunc // batch handler (NewBatch), or nil
 	consumer *dedupe.Consumer[kafka.Message]
+	errLog   kafka.Logger
 	stats    stats
 	running  atomic.Bool
 }
 
-// New returns a Runner that handles the messages of reader with h. The
-// reader must have a GroupID (ErrNoGroup otherwise) and should not use
-// CommitInterval: the Runner commits offsets itself, after the database.
-func New(inbox *dedupe.Inbox, reader Reader, cfg Config, h HandlerFunc) (*Runner, error) {
+// New returns a Runner that joins the consumer group rc describes and
+// handles its messages with h. rc is a kafka-go reader configuration with a
+// GroupID (ErrNoGroup otherwise) and a Topic or GroupTopics; the runner
+// builds the group member and one partition reader per assigned partition
+// from it, so do not also open a kafka.Reader with it. rc.CommitInterval is
+// ignored: the runner commits offsets itself, after the database
+// (Config.CommitInterval).
+func New(inbox *dedupe.Inbox, rc kafka.ReaderConfig, cfg Config, h HandlerFunc) (*Runner, error) {
 	if h == nil {
 		return nil, &dedupe.ConfigError{Field: "handler", Reason: "must not be nil"}
 	}
-	return newRunner(inbox, reader, cfg, h, nil)
+	return newRunner(inbox, rc, cfg, h, nil)
 }
 
 // NewBatch returns a Runner in batch mode whose handler gets the new messages
 // of each batch together; see BatchHandlerFunc. Config.BatchSize defaults to
 // DefaultBatchHandlerSize.
-func NewBatch(inbox *dedupe.Inbox, reader Reader, cfg Config, h BatchHandlerFunc) (*Runner, error) {
+func NewBatch(inbox *dedupe.Inbox, rc kafka.ReaderConfig, cfg Config, h BatchHandlerFunc) (*Runner, error) {
 	if h == nil {
 		return nil, &dedupe.ConfigError{Field: "handler", Reason: "must not be nil"}
 	}
 	if cfg.BatchSize == 0 {
 		cfg.BatchSize = DefaultBatchHandlerSize
 	}
-	return newRunner(inbox, reader, cfg, nil, h)
+	return newRunner(inbox, rc, cfg, nil, h)
 }
 
-func newRunner(inbox *dedupe.Inbox, reader Reader, cfg Config, h HandlerFunc, bh BatchHandlerFunc) (*Runner, error) {
-	switch {
-	case inbox == nil:
+func newRunner(inbox *dedupe.Inbox, rc kafka.ReaderConfig, cfg Config, h HandlerFunc, bh BatchHandlerFunc) (*Runner, error) {
+	if inbox == nil {
 		return nil, &dedupe.ConfigError{Field: "inbox", Reason: "must not be nil"}
-	case reader == nil:
-		return nil, &dedupe.ConfigError{Field: "reader", Reason: "must not be nil"}
 	}
-	c, err := cfg.withDefaults(inbox, reader)
+	if err := checkReaderConfig(rc); err != nil {
+		return nil, err
+	}
+	c, err := cfg.withDefaults(inbox, rc)
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +138,8 @@ func newRunner(inbox *dedupe.Inbox, reader Reader, cfg Config, h HandlerFunc, bh
 			return nil, err
 		}
 	}
-	r := &Runner{inbox: inbox, reader: reader, cfg: c, handler: h, batchH: bh}
+	r := &Runner{inbox: inbox, rc: rc, cfg: c, handler: h, batchH: bh,
+		errLog: kafkaLogger{log: c.Logger, next: rc.ErrorLogger}}
 	r.consumer, err = dedupe.NewConsumer(inbox, dedupe.ConsumerConfig[kafka.Message]{
 		Scope:       c.Scope,
 		Key:         r.keyID,
@@ -125,148 +162,123 @@ func (r *Runner) keyID(msg kafka.Message) (string, error) {
 	if r.cfg.Key != nil {
 		return r.cfg.Key(msg)
 	}
-	return KeyFromHeaders(msg, r.cfg.KeyHeaders...), nil
+	if id := KeyFromHeaders(msg, r.cfg.KeyHeaders...); id != "" {
+		return id, nil
+	}
+	if r.cfg.OffsetKeyFallback {
+		return OffsetKey(msg), nil
+	}
+	return "", fmt.Errorf("%w (looked for %q)", ErrMissingKey, r.cfg.KeyHeaders)
 }
 
-type partition struct {
-	topic string
-	id    int
-}
-
-// Run fetches and handles messages until ctx is cancelled, then waits for
-// its partition workers and returns nil. It returns an error matching io.EOF
-// when the reader was closed under it. Offsets whose effects did not commit
-// are never committed; they are redelivered when the group next reads the
-// partition.
+// Run joins the group and handles the messages of the partitions it is
+// assigned until ctx is cancelled; then it stops its partition workers,
+// commits the offsets they recorded, leaves the group and returns nil. Offsets
+// whose effects did not commit are never committed; they are redelivered when
+// the group next reads the partition. Errors joining the group are logged and
+// retried (ReaderConfig.JoinGroupBackoff).
 func (r *Runner) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("dedupekafka: Run called twice")
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() {
-		cancel()
-		wg.Wait()
-	}()
-	workers := make(map[partition]chan kafka.Message)
-	backoff := r.cfg.RetryBackoff
+	cg, err := kafka.NewConsumerGroup(groupConfig(r.rc, r.cfg.CommitTimeout, r.errLog))
+	if err != nil {
+		return fmt.Errorf("dedupekafka: %w", err)
+	}
+	defer cg.Close()
 	for {
-		msg, err := r.reader.FetchMessage(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			if errors.Is(err, io.EOF) {
-				return fmt.Errorf("dedupekafka: reader closed: %w", err)
-			}
-			r.cfg.Logger.WarnContext(ctx, "dedupekafka: fetch failed", "err", err)
-			if !sleep(ctx, backoff) {
-				return nil
-			}
-			backoff = min(2*backoff, r.cfg.MaxRetryBackoff)
+		gen, err := cg.Next(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, kafka.ErrGroupClosed):
+			return fmt.Errorf("dedupekafka: %w", err)
+		case err != nil:
+			r.cfg.Logger.WarnContext(ctx, "dedupekafka: joining the group failed; retrying", "group", r.rc.GroupID, "err", err)
 			continue
 		}
-		backoff = r.cfg.RetryBackoff
-		r.stats.fetched.Add(1)
-		p := partition{msg.Topic, msg.Partition}
-		ch, ok := workers[p]
-		if !ok {
-			ch = make(chan kafka.Message, max(2*r.cfg.BatchSize, 16))
-			workers[p] = ch
-			wg.Go(func() { r.work(ctx, ch) })
-		}
-		select {
-		case ch <- msg:
-		case <-ctx.Done():
+		done := make(chan struct{})
+		gen.Start(func(gctx context.Context) {
+			defer close(done)
+			r.generation(ctx, gctx, gen)
+			if ctx.Err() != nil {
+				// Leave the group now rather than after joining the next
+				// generation: Close marks the group closed, which the group's
+				// loop sees before this function returns and ends the
+				// generation; Next returns as soon as it is marked.
+				go cg.Close()
+				_, _ = cg.Next(context.Background())
+			}
+		})
+		<-done
+		if ctx.Err() != nil {
 			return nil
 		}
 	}
 }
 
-// work handles one partition's messages in order until ctx ends.
-func (r *Runner) work(ctx context.Context, ch <-chan kafka.Message) {
-	batch := make([]kafka.Message, 0, r.cfg.BatchSize)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case m := <-ch:
-			batch = append(batch[:0], m)
-		}
-		if r.cfg.BatchSize > 1 {
-			batch = r.fill(ctx, ch, batch)
-		}
-		var done bool
-		if len(batch) == 1 {
-			done = r.handleOne(ctx, batch[0], nil)
-		} else {
-			done = r.handleBatch(ctx, batch)
-		}
-		if !done {
-			return // cancelled: nothing of this batch is committed to Kafka
-		}
-		// The highest offset: after a rebalance the same partition may be
-		// re-read from an older offset within one batch.
-		last := batch[0]
-		for _, m := range batch[1:] {
-			if m.Offset > last.Offset {
-				last = m
-			}
-		}
-		r.commit(ctx, last)
-	}
-}
-
-// fill adds queued messages to batch up to BatchSize, waiting at most Linger
-// for more.
-func (r *Runner) fill(ctx context.Context, ch <-chan kafka.Message, batch []kafka.Message) []kafka.Message {
-	var timer <-chan time.Time
-	for len(batch) < r.cfg.BatchSize {
-		select {
-		case m := <-ch:
-			batch = append(batch, m)
-			continue
-		default:
-		}
-		if timer == nil {
-			t := time.NewTimer(r.cfg.Linger)
-			defer t.Stop()
-			timer = t.C
-		}
-		select {
-		case m := <-ch:
-			batch = append(batch, m)
-		case <-timer:
-			return batch
-		case <-ctx.Done():
-			return batch
-		}
-	}
-	return batch
-}
-
-// commit moves the partition's committed offset past msg. It runs even while
-// shutting down: the effects are committed, so a redelivery is only waste.
-func (r *Runner) commit(ctx context.Context, msg kafka.Message) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.CommitTimeout)
+// generation runs one generation's partition workers and committer until the
+// generation ends (gctx) or the runner stops (ctx), then stops the workers
+// and commits what they recorded.
+func (r *Runner) generation(ctx, gctx context.Context, gen *kafka.Generation) {
+	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if err := r.reader.CommitMessages(cctx, msg); err != nil {
+	stopWatch := context.AfterFunc(gctx, cancel)
+	defer stopWatch()
+
+	g := &genState{c: newCommitter(gen.CommitOffsets)}
+	// rejoin ends the generation early (a partition vanished): the member
+	// joins the next one, which reads the group's offsets again.
+	g.rejoin = func(tp topicPartition) {
+		g.c.ban(tp)
+		g.once.Do(func() {
+			r.cfg.Logger.WarnContext(ctx, "dedupekafka: a partition vanished (its topic was deleted): dropping its uncommitted offsets and rejoining the group",
+				"topic", tp.topic, "partition", tp.id)
+			cancel()
+		})
+	}
+	c := g.c
+	var wg sync.WaitGroup
+	n := 0
+	for topic, parts := range gen.Assignments {
+		for _, p := range parts {
+			n++
+			wg.Go(func() { r.consume(wctx, topicPartition{topic, p.ID}, p.Offset, g) })
+		}
+	}
+	r.cfg.Logger.DebugContext(ctx, "dedupekafka: generation started", "group", gen.GroupID, "generation", gen.ID, "partitions", n)
+	var cwg sync.WaitGroup
+	cwg.Go(func() {
+		c.run(wctx, r.cfg.CommitInterval, func(n int, err error) {
+			r.flushed(n, err)
+			if errors.Is(err, kafka.UnknownTopicOrPartition) {
+				g.once.Do(cancel)
+			}
+		})
+	})
+	<-wctx.Done()
+	wg.Wait()
+	cwg.Wait()
+	// The generation is still ours (the member rejoins only after this
+	// returns), so the broker takes these offsets before the partitions move.
+	r.flushed(c.flush())
+}
+
+// genState is what the partition workers of one generation share.
+type genState struct {
+	c      *committer
+	rejoin func(topicPartition)
+	once   sync.Once
+}
+
+// flushed counts one flush of the committer.
+func (r *Runner) flushed(n int, err error) {
+	if err != nil {
 		r.stats.commitErrors.Add(1)
-		r.cfg.Logger.WarnContext(ctx, "dedupekafka: offset commit failed; the messages will be redelivered and absorbed by the inbox",
-			"topic", msg.Topic, "partition", msg.Partition, "offset", msg.Offset, "err", err)
+		r.cfg.Logger.Warn("dedupekafka: offset commit failed; the messages since the last commit will be redelivered and absorbed by the inbox", "err", err)
 		return
 	}
-	r.stats.commits.Add(1)
-}
-
-// sleep waits d or until ctx ends; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
+	if n > 0 {
+		r.stats.commits.Add(1)
 	}
 }

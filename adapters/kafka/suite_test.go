@@ -37,16 +37,16 @@ func transport(name string, batch int, batchHandler bool) adaptertest.Transport 
 				PublishOrdered: func(ctx context.Context, orderKey, id string, body []byte) error {
 					return w.WriteMessages(ctx, msg(id, orderKey, body))
 				},
-				Start: func(ctx context.Context, inbox *dedupe.Inbox, rc adaptertest.RunConfig, effect adaptertest.Effect) func() error {
-					reader := newReader(brokers, group, topic)
-					cfg := dedupekafka.Config{BatchSize: batch, MaxAttempts: rc.MaxAttempts, RetryBackoff: 20 * time.Millisecond}
+				Start: func(ctx context.Context, inbox *dedupe.Inbox, run adaptertest.RunConfig, effect adaptertest.Effect) func() error {
+					rc := readerConfig(brokers, group, topic)
+					cfg := dedupekafka.Config{BatchSize: batch, MaxAttempts: run.MaxAttempts, RetryBackoff: 20 * time.Millisecond}
 					h := func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
 						return effect(ctx, tx, dedupekafka.KeyFromHeaders(m, dedupekafka.DefaultKeyHeaders...), m.Value)
 					}
 					var r *dedupekafka.Runner
 					var err error
 					if batchHandler {
-						r, err = dedupekafka.NewBatch(inbox, reader, cfg, func(ctx context.Context, tx pgx.Tx, ms []kafka.Message) error {
+						r, err = dedupekafka.NewBatch(inbox, rc, cfg, func(ctx context.Context, tx pgx.Tx, ms []kafka.Message) error {
 							for _, m := range ms {
 								if err := h(ctx, tx, m); err != nil {
 									return err
@@ -55,21 +55,14 @@ func transport(name string, batch int, batchHandler bool) adaptertest.Transport 
 							return nil
 						})
 					} else {
-						r, err = dedupekafka.New(inbox, reader, cfg, h)
+						r, err = dedupekafka.New(inbox, rc, cfg, h)
 					}
 					if err != nil {
-						_ = reader.Close()
 						return func() error { return err }
 					}
 					done := make(chan error, 1)
 					go func() { done <- r.Run(ctx) }()
-					return func() error {
-						err := <-done
-						if cerr := reader.Close(); err == nil {
-							err = cerr
-						}
-						return err
-					}
+					return func() error { return <-done }
 				},
 				Unacked: func(ctx context.Context) (int, error) {
 					return groupLag(ctx, brokers, group, topic)

@@ -56,10 +56,11 @@ func TestBenchTinyRunReportsEveryRow(t *testing.T) {
 			t.Errorf("scenario %q: %d rows, want 2 (one per worker count)", sc.name, rows[sc.name])
 		}
 	}
-	for _, name := range []string{"hand-written JetStream consumer", "dedupenats.Runner", "hand-written kafka-go consumer",
-		"dedupekafka.Runner", "hand-written outbox relay → JetStream", "dedupe.Relay → JetStream"} {
-		if rows[name] != 2 {
-			t.Errorf("transport %q: %d rows, want 2", name, rows[name])
+	for name, want := range map[string]int{"hand-written JetStream consumer": 2, "dedupenats.Runner": 2,
+		kafkaHandSync: 2, kafkaHandAsync: 2, kafkaRunner: 4, // the runner against each Kafka baseline
+		"hand-written outbox relay → JetStream": 2, "dedupe.Relay → JetStream": 2} {
+		if rows[name] != want {
+			t.Errorf("transport %q: %d rows, want %d", name, rows[name], want)
 		}
 	}
 	for _, want := range []string{"0", "2000", "Handle, no purge", "Handle while Purge runs"} {

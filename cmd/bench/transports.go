@@ -68,9 +68,9 @@ func (b *bench) waitEffects(ctx context.Context, n int) error {
 	}
 }
 
-// runTransports measures the NATS JetStream runner, the Kafka runner and the
-// outbox relay against hand-written equivalents, draining -transport-msgs
-// pre-published messages per row.
+// runTransports measures the NATS JetStream runner, the Kafka runner
+// (runKafka, with -rounds) and the outbox relay against hand-written
+// equivalents, draining -transport-msgs pre-published messages per row.
 func (rep *report) runTransports(ctx context.Context, b *bench, _ string, log io.Writer) error {
 	o := rep.opts
 	tctx, cancel := context.WithTimeout(ctx, o.transportTimeout)
@@ -90,8 +90,6 @@ func (rep *report) runTransports(ctx context.Context, b *bench, _ string, log io
 		for _, rn := range []run{
 			{"hand-written JetStream consumer", "", b.natsHand},
 			{"dedupenats.Runner", "hand-written JetStream consumer", b.natsRunner},
-			{"hand-written kafka-go consumer", "", b.kafkaHand},
-			{"dedupekafka.Runner", "hand-written kafka-go consumer", b.kafkaRunner},
 			{"hand-written outbox relay → JetStream", "", b.relayHand},
 			{"dedupe.Relay → JetStream", "hand-written outbox relay → JetStream", b.relayLib},
 		} {
@@ -115,7 +113,7 @@ func (rep *report) runTransports(ctx context.Context, b *bench, _ string, log io
 		}
 	}
 	fillRatios(rep.transports)
-	return nil
+	return rep.runKafka(tctx, b, log)
 }
 
 // natsStream creates a stream and durable consumer for one row and

@@ -110,7 +110,7 @@ func runKafka(batch int) func(ctx context.Context, e *env, inputs []string) erro
 
 // runKafkaMember runs one group member until ctx ends.
 func runKafkaMember(ctx context.Context, inbox *dedupe.Inbox, brokers []string, scope string, batch int, h dedupekafka.HandlerFunc) error {
-	reader := kafka.NewReader(kafka.ReaderConfig{
+	rc := kafka.ReaderConfig{
 		Brokers:           brokers,
 		GroupID:           kafkaGroup,
 		Topic:             kafkaTopic,
@@ -125,22 +125,17 @@ func runKafkaMember(ctx context.Context, inbox *dedupe.Inbox, brokers []string, 
 		ReadBackoffMax:    100 * time.Millisecond,
 		QueueCapacity:     1000,
 		MaxBytes:          4 << 20,
-	})
-	r, err := dedupekafka.New(inbox, reader, dedupekafka.Config{
+	}
+	r, err := dedupekafka.New(inbox, rc, dedupekafka.Config{
 		Scope:           scope,
 		BatchSize:       batch,
 		RetryBackoff:    10 * time.Millisecond,
 		MaxRetryBackoff: 50 * time.Millisecond,
 	}, h)
 	if err != nil {
-		_ = reader.Close()
 		return err
 	}
-	err = r.Run(ctx)
-	if cerr := reader.Close(); err == nil && ctx.Err() == nil {
-		err = cerr
-	}
-	return err
+	return r.Run(ctx)
 }
 
 // kafkaChild is the Kafka worker subprocess: one more member of the group.

@@ -109,9 +109,6 @@ func run(ctx context.Context, cfg config) error {
 		rc.MaxWait, rc.HeartbeatInterval, rc.SessionTimeout, rc.RebalanceTimeout, rc.JoinGroupBackoff =
 			50*time.Millisecond, 100*time.Millisecond, 1500*time.Millisecond, 1500*time.Millisecond, 100*time.Millisecond
 	}
-	reader := kafka.NewReader(rc)
-	defer reader.Close()
-
 	rcfg := dedupekafka.Config{BatchSize: cfg.BatchSize, Logger: log}
 	if cfg.DLQTopic != "" {
 		transport := &kafka.Transport{}
@@ -126,7 +123,7 @@ func run(ctx context.Context, cfg config) error {
 		defer dlq.Close()
 		rcfg.DeadLetter = dlq
 	}
-	runner, err := dedupekafka.NewBatch(inbox, reader, rcfg, book)
+	runner, err := dedupekafka.NewBatch(inbox, rc, rcfg, book)
 	if err != nil {
 		return err
 	}
@@ -155,6 +152,7 @@ func run(ctx context.Context, cfg config) error {
 	background.Wait()
 	s := runner.Stats()
 	log.Info("kafka-consumer stopped", "booked", s.Handled, "duplicates", s.Duplicates,
-		"dead_lettered", s.DeadLettered, "given_up", s.GivenUp, "batches", s.Batches, "fallbacks", s.Fallbacks)
+		"dead_lettered", s.DeadLettered, "given_up", s.GivenUp, "paused_partitions", s.Paused,
+		"batches", s.Batches, "fallbacks", s.Fallbacks, "offset_commits", s.Commits)
 	return err
 }

@@ -3,10 +3,13 @@
 // PostgreSQL. It runs the dedupe Kafka adapter in batch mode: up to
 // BATCH_SIZE events of a partition are claimed in the dedupe inbox with one
 // statement, the new ones are booked with one more, one transaction commits
-// both, and only then is the offset committed. Redeliveries (a crash between
-// the two commits, a rebalance) and producer retries carrying the same
-// Idempotency-Key header are absorbed. Run several copies in one group: each
-// payment is still booked once.
+// both, and only then does the partition's offset move (committed to the
+// group every second, and when partitions are revoked or it stops).
+// Redeliveries (a crash between the two commits, a rebalance) and producer
+// retries carrying the same Idempotency-Key header are absorbed. An event
+// without that header is refused: recorded failed in the inbox and
+// dead-lettered. Run several copies in one group: each payment is still
+// booked once.
 //
 // Configuration comes from the environment:
 //

@@ -103,13 +103,10 @@ func TestKafkaAdapterRefusals(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	h := func(ctx context.Context, tx pgx.Tx, m kafka.Message) error { return nil }
-	reader := func(group string) *kafka.Reader {
-		r := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{"127.0.0.1:1"}, GroupID: group, Topic: "t"})
-		t.Cleanup(func() { _ = r.Close() })
-		return r
+	reader := func(group string) kafka.ReaderConfig {
+		return kafka.ReaderConfig{Brokers: []string{"127.0.0.1:1"}, GroupID: group, Topic: "t"}
 	}
-	noGroup := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{"127.0.0.1:1"}, Topic: "t", Partition: 0})
-	t.Cleanup(func() { _ = noGroup.Close() })
+	noGroup := kafka.ReaderConfig{Brokers: []string{"127.0.0.1:1"}, Topic: "t"}
 	if _, err := dedupekafka.New(e.inbox, noGroup, dedupekafka.Config{}, h); !errors.Is(err, dedupekafka.ErrNoGroup) {
 		t.Errorf("New without GroupID = %v, want ErrNoGroup", err)
 	}

@@ -1,0 +1,236 @@
+package dedupekafka_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/exactlyonce/dedupe"
+	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
+)
+
+// keyless returns n messages without a key header.
+func keyless(n int, tag string) []kafka.Message {
+	ms := make([]kafka.Message, n)
+	for i := range ms {
+		ms[i] = kafka.Message{Value: []byte(fmt.Sprintf("%s-%d", tag, i))}
+	}
+	return ms
+}
+
+// recreate deletes the bundle's topic and creates it again, empty: its
+// offsets restart at 0 and the group's committed offsets are gone.
+func (b *bundle) recreate(t *testing.T, partitions int) {
+	t.Helper()
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	cl := &kafka.Client{Addr: kafka.TCP(b.brokers...), Transport: tr, Timeout: 10 * time.Second}
+	ctx := context.Background()
+	if _, err := cl.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{b.topic}}); err != nil {
+		t.Fatalf("delete topic: %v", err)
+	}
+	dbtest.WaitFor(t, 10*time.Second, "the topic to be created again", func() bool {
+		res, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: b.topic, NumPartitions: partitions, ReplicationFactor: 1}}})
+		return err == nil && res.Errors[b.topic] == nil
+	})
+}
+
+// Messages without a key header are refused by default, never keyed by
+// their offset: each is recorded failed under its RefusedKey and
+// dead-lettered. After the topic is deleted and recreated (its offsets
+// restart at 0), the new keyless messages are refused too, none dropped as a
+// duplicate of an old message at the same offset.
+func TestKeylessRefusedAcrossTopicRecreation(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	dlq := newWriter(t, b.brokers, "orders.dlq", 1)
+	cfg := dedupekafka.Config{DeadLetter: dlq}
+	b.produce(t, keyless(5, "old")...)
+	m1 := b.start(t, cfg, insertEffect)
+	b.waitDrained(t, 30*time.Second)
+	if err := m1.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	b.recreate(t, 1)
+	b.produce(t, keyless(8, "new")...)
+	m2 := b.start(t, cfg, insertEffect)
+	b.waitDrained(t, 30*time.Second)
+
+	if n := b.effects(t); n != 0 {
+		t.Fatalf("effects = %d, want none: a message without a key is not handled", n)
+	}
+	s1, s2 := m1.runner.Stats(), m2.runner.Stats()
+	if s1.GivenUp != 5 || s2.GivenUp != 8 || s2.Duplicates != 0 || s2.DeadLettered != 8 {
+		t.Fatalf("want 5 then 8 refused and dead-lettered, no duplicate: %+v %+v", s1, s2)
+	}
+	if n := b.db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE state = 'failed' AND key LIKE $1 AND last_error LIKE '%no usable key%'",
+		dedupekafka.RefusedKeyPrefix+"orders/0/%"); n != 13 {
+		t.Fatalf("refused keys in the inbox = %d, want 13", n)
+	}
+	if n := topicSize(t, b.brokers, "orders.dlq"); n != 13 {
+		t.Fatalf("dead letters = %d, want 13", n)
+	}
+	if !b.log.contains("giving up on message", dedupekafka.ErrMissingKey.Error()) {
+		t.Fatal("the refusal was not logged with ErrMissingKey")
+	}
+}
+
+// Without a dead-letter topic a refused message stays visible as a failed
+// key in the inbox, under a key that names where it is in Kafka, and its
+// offset is committed; the keyed messages around it flow.
+func TestKeylessWithoutDeadLetterRecordedFailed(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []int{1, 10} {
+		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 1)
+			b.produce(t, msg("k-1", "", nil), kafka.Message{Value: []byte("no key")}, msg("k-2", "", nil))
+			m := b.start(t, dedupekafka.Config{BatchSize: batch, Linger: 100 * time.Millisecond}, insertEffect)
+			b.waitDrained(t, 30*time.Second)
+			b.wantEffects(t, 2)
+			if s := m.runner.Stats(); s.GivenUp != 1 || s.Handled != 2 {
+				t.Fatalf("want 2 handled and 1 refused: %+v", s)
+			}
+			rows, err := b.db.Pool.Query(context.Background(), "SELECT key FROM dedupe_inbox WHERE state = 'failed'")
+			if err != nil {
+				t.Fatal(err)
+			}
+			keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(keys) != 1 || !strings.HasPrefix(keys[0], dedupekafka.RefusedKeyPrefix+"orders/0/1/") {
+				t.Fatalf("failed keys %q, want the refused message's at orders/0/1", keys)
+			}
+			rec, err := b.inbox.Lookup(context.Background(), dedupe.Key{Scope: b.group, ID: keys[0]})
+			if err != nil || rec.State != dedupe.StateFailed {
+				t.Fatalf("lookup %s: %+v, %v", keys[0], rec, err)
+			}
+		})
+	}
+}
+
+// With OffsetKeyFallback (opt-in) a message without a key header is keyed by
+// topic/partition/offset and handled.
+func TestOffsetKeyFallbackOptIn(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	b.produce(t, keyless(3, "fb")...)
+	m := b.start(t, dedupekafka.Config{OffsetKeyFallback: true}, func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
+		_, err := tx.Exec(ctx, "INSERT INTO effects (msg_id, part, off) VALUES ($1, $2, $3)", dedupe.ClaimFromContext(ctx).Key.ID, m.Partition, m.Offset)
+		return err
+	})
+	b.waitDrained(t, 30*time.Second)
+	b.wantEffects(t, 3)
+	if n := b.db.Count(t, "SELECT count(*) FROM effects WHERE msg_id = 'orders/0/' || off"); n != 3 {
+		t.Fatalf("effects keyed by offset = %d, want 3", n)
+	}
+	if s := m.runner.Stats(); s.Handled != 3 || s.GivenUp != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// A key function's error refuses the message the same way.
+func TestKeyFuncErrorRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	b.produce(t, msg("k-1", "", nil), msg("k-2", "", []byte("bad")))
+	m := b.start(t, dedupekafka.Config{Key: func(m kafka.Message) (string, error) {
+		if string(m.Value) == "bad" {
+			return "", errors.New("no order id in body")
+		}
+		return dedupekafka.KeyFromHeaders(m, "Idempotency-Key"), nil
+	}}, insertEffect)
+	b.waitDrained(t, 30*time.Second)
+	b.wantEffects(t, 1)
+	if s := m.runner.Stats(); s.GivenUp != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+	if n := b.db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE state = 'failed' AND last_error LIKE '%no order id in body%'"); n != 1 {
+		t.Fatal("the refused message is not failed in the inbox with its reason")
+	}
+}
+
+// A topic deleted and recreated under a running member: the deletion starts
+// a new generation (partition changes are watched), which reads the group's
+// offsets again (gone with the old topic), so the new topic's messages are
+// all handled from offset 0, none skipped.
+func TestTopicRecreatedUnderRunningMember(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	b.produce(t, numbered(5, "old-%d", nil)...)
+	m := b.start(t, dedupekafka.Config{CommitInterval: 50 * time.Millisecond}, insertEffect, func(rc *kafka.ReaderConfig) {
+		rc.PartitionWatchInterval = 50 * time.Millisecond
+	})
+	b.waitDrained(t, 30*time.Second)
+	b.recreate(t, 1)
+	b.produce(t, numbered(8, "new-%d", nil)...)
+	b.waitDrained(t, 30*time.Second)
+	b.wantEffects(t, 13)
+	if s := m.runner.Stats(); s.Handled != 13 || s.Duplicates != 0 {
+		t.Fatalf("stats %+v, want 13 handled", s)
+	}
+}
+
+// A committed offset beyond the end of the partition (the topic was
+// recreated, or truncated, while no member ran) is logged and consumption
+// resumes at the first offset instead of waiting for the partition to grow
+// past it.
+func TestCommittedOffsetBeyondEndResumesAtFirst(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	b.produce(t, numbered(3, "r-%d", nil)...)
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	cl := &kafka.Client{Addr: kafka.TCP(b.brokers...), Transport: tr, Timeout: 10 * time.Second}
+	res, err := cl.OffsetCommit(context.Background(), &kafka.OffsetCommitRequest{GroupID: b.group, GenerationID: -1,
+		Topics: map[string][]kafka.OffsetCommit{b.topic: {{Partition: 0, Offset: 100}}}})
+	if err != nil || res.Topics[b.topic][0].Error != nil {
+		t.Fatalf("commit offset 100: %v %+v", err, res)
+	}
+	m := b.start(t, dedupekafka.Config{}, insertEffect)
+	dbtest.WaitFor(t, 30*time.Second, "the three messages", func() bool { return b.effects(t) == 3 })
+	b.wantEffects(t, 3)
+	if !b.log.contains("beyond the end of the partition", "resuming at its first offset") {
+		t.Fatal("the out-of-range offset was not logged")
+	}
+	if s := m.runner.Stats(); s.Handled != 3 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// Retention deleted messages of a partition before the group consumed them
+// (the log now starts past the committed offset): they cannot be delivered,
+// and the runner says so, as an error naming the lost offsets; the rest is
+// handled.
+func TestRetentionLossLogged(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	b.produce(t, numbered(10, "t-%d", nil)...)
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	cl := &kafka.Client{Addr: kafka.TCP(b.brokers...), Transport: tr, Timeout: 10 * time.Second}
+	ctx := context.Background()
+	res, err := cl.OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: b.group, GenerationID: -1,
+		Topics: map[string][]kafka.OffsetCommit{b.topic: {{Partition: 0, Offset: 2}}}})
+	if err != nil || res.Topics[b.topic][0].Error != nil {
+		t.Fatalf("commit offset 2: %v %+v", err, res)
+	}
+	deleteRecordsBefore(t, b.brokers, b.topic, 0, 5) // what retention does
+	m := b.start(t, dedupekafka.Config{}, insertEffect)
+	b.waitDrained(t, 30*time.Second)
+	b.wantEffects(t, 5)
+	if s := m.runner.Stats(); s.Handled != 5 {
+		t.Fatalf("stats %+v", s)
+	}
+	if !b.log.contains("ERROR", "retention deleted messages", "first_lost=2", "last_lost=4") {
+		t.Fatal("the lost offsets were not logged as an error")
+	}
+}
