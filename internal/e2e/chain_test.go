@@ -59,23 +59,27 @@ type dropAckConsumer struct {
 	drop func(m jetstream.Msg) bool
 }
 
-func (c dropAckConsumer) Messages(opts ...jetstream.PullMessagesOpt) (jetstream.MessagesContext, error) {
-	it, err := c.Consumer.Messages(opts...)
-	return dropAckIter{it, c.drop}, err
-}
-
-type dropAckIter struct {
-	jetstream.MessagesContext
-	drop func(m jetstream.Msg) bool
-}
-
-func (it dropAckIter) Next(opts ...jetstream.NextOpt) (jetstream.Msg, error) {
-	m, err := it.MessagesContext.Next(opts...)
+func (c dropAckConsumer) Fetch(batch int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
+	b, err := c.Consumer.Fetch(batch, opts...)
 	if err != nil {
-		return m, err
+		return b, err
 	}
-	return &dropAckMsg{Msg: m, drop: it.drop}, nil
+	out := make(chan jetstream.Msg)
+	go func() { // ends when the fetch's channel closes
+		defer close(out)
+		for m := range b.Messages() {
+			out <- &dropAckMsg{Msg: m, drop: c.drop}
+		}
+	}()
+	return dropAckBatch{MessageBatch: b, msgs: out}, nil
 }
+
+type dropAckBatch struct {
+	jetstream.MessageBatch
+	msgs chan jetstream.Msg
+}
+
+func (b dropAckBatch) Messages() <-chan jetstream.Msg { return b.msgs }
 
 type dropAckMsg struct {
 	jetstream.Msg
