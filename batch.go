@@ -31,6 +31,12 @@ func (i *Inbox) ClaimBatch(ctx context.Context, tx pgx.Tx, keys []Key) ([]*Claim
 			return nil, err
 		}
 	}
+	return i.claimBatch(ctx, tx, keys, i.cfg.maxAttemptsParam())
+}
+
+// claimBatch is ClaimBatch for valid keys with an attempt limit of its own
+// (0 = none).
+func (i *Inbox) claimBatch(ctx context.Context, tx pgx.Tx, keys []Key, maxAttempts int) ([]*Claim, error) {
 	out := make([]*Claim, len(keys))
 	if len(keys) == 0 {
 		return out, nil
@@ -70,7 +76,7 @@ func (i *Inbox) ClaimBatch(ctx context.Context, tx pgx.Tx, keys []Key) ([]*Claim
 		scopes[j], ids[j], fps[j], tokens[j] = it.key.Scope, it.key.ID, it.key.Fingerprint, it.token
 	}
 	rows, err := tx.Query(ctx, i.q.claimBatch, i.cfg.now(), scopes, ids, string(StateComplete), fps, tokens,
-		i.cfg.Lease, i.cfg.Retention, i.cfg.maxAttemptsParam())
+		i.cfg.Lease, i.cfg.Retention, maxAttempts)
 	if err != nil {
 		return nil, translate(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -51,60 +50,67 @@ type ConsumerConfig[M any] struct {
 // Consumer runs a handler at most once per message key, with the claim and
 // the handler's effects in one transaction. It is safe for concurrent use.
 type Consumer[M any] struct {
-	inbox       *Inbox
-	cfg         ConsumerConfig[M]
-	handler     HandlerFunc[M]
-	txOpts      pgx.TxOptions
-	lockTimeout string // for sqlLockTimeout; "" for none
-	maxAttempts int
+	txDriver
+	cfg     ConsumerConfig[M]
+	handler HandlerFunc[M]
 }
 
 // NewConsumer returns a Consumer that runs h for each new message.
 func NewConsumer[M any](inbox *Inbox, cfg ConsumerConfig[M], h HandlerFunc[M]) (*Consumer[M], error) {
+	if h == nil {
+		return nil, &ConfigError{Field: "handler", Reason: "must not be nil"}
+	}
+	d, err := newTxDriver(inbox, &cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Consumer[M]{txDriver: d, cfg: cfg, handler: h}, nil
+}
+
+// newTxDriver validates cfg, fills its defaults and returns the transaction
+// driver it describes.
+func newTxDriver[M any](inbox *Inbox, cfg *ConsumerConfig[M]) (txDriver, error) {
 	switch {
 	case inbox == nil:
-		return nil, &ConfigError{Field: "inbox", Reason: "must not be nil"}
-	case h == nil:
-		return nil, &ConfigError{Field: "handler", Reason: "must not be nil"}
+		return txDriver{}, &ConfigError{Field: "inbox", Reason: "must not be nil"}
 	case cfg.Key == nil:
-		return nil, &ConfigError{Field: "Key", Reason: "is required"}
+		return txDriver{}, &ConfigError{Field: "Key", Reason: "is required"}
 	case cfg.LockTimeout < 0:
-		return nil, &ConfigError{Field: "LockTimeout", Reason: "must not be negative"}
+		return txDriver{}, &ConfigError{Field: "LockTimeout", Reason: "must not be negative"}
 	}
 	if err := validatePart("scope", cfg.Scope); err != nil {
-		return nil, &ConfigError{Field: "Scope", Reason: err.Error()}
+		return txDriver{}, &ConfigError{Field: "Scope", Reason: err.Error()}
 	}
 	if cfg.TxRetries == 0 {
 		cfg.TxRetries = 3
 	}
-	c := &Consumer[M]{inbox: inbox, cfg: cfg, handler: h, txOpts: pgx.TxOptions{IsoLevel: cfg.IsoLevel}}
+	d := txDriver{inbox: inbox, txOpts: pgx.TxOptions{IsoLevel: cfg.IsoLevel}}
 	switch {
 	case cfg.MaxAttempts == 0:
-		c.maxAttempts = inbox.cfg.maxAttemptsParam()
+		d.maxAttempts = inbox.cfg.maxAttemptsParam()
 	case cfg.MaxAttempts > 0:
-		c.maxAttempts = cfg.MaxAttempts
+		d.maxAttempts = cfg.MaxAttempts
 	}
 	if cfg.LockTimeout > 0 {
-		c.lockTimeout = fmt.Sprintf("%dms", max(cfg.LockTimeout.Milliseconds(), 1))
+		d.lockTimeout = fmt.Sprintf("%dms", max(cfg.LockTimeout.Milliseconds(), 1))
 	}
-	return c, nil
+	return d, nil
 }
 
 // Scope returns the consumer's scope.
 func (c *Consumer[M]) Scope() string { return c.cfg.Scope }
 
-// Inbox returns the consumer's inbox.
-func (c *Consumer[M]) Inbox() *Inbox { return c.inbox }
-
 // KeyOf returns the key the consumer claims for msg, validated.
-func (c *Consumer[M]) KeyOf(msg M) (Key, error) {
-	id, err := c.cfg.Key(msg)
+func (c *Consumer[M]) KeyOf(msg M) (Key, error) { return keyOf(&c.cfg, msg) }
+
+func keyOf[M any](cfg *ConsumerConfig[M], msg M) (Key, error) {
+	id, err := cfg.Key(msg)
 	if err != nil {
 		return Key{}, fmt.Errorf("%w: %w", ErrNoKey, err)
 	}
-	k := Key{Scope: c.cfg.Scope, ID: id}
-	if c.cfg.Fingerprint != nil {
-		k.Fingerprint = c.cfg.Fingerprint(msg)
+	k := Key{Scope: cfg.Scope, ID: id}
+	if cfg.Fingerprint != nil {
+		k.Fingerprint = cfg.Fingerprint(msg)
 	}
 	return k, k.Validate()
 }
@@ -171,11 +177,7 @@ func (c *Consumer[M]) HandleKey(ctx context.Context, key Key, msg M) (Outcome, e
 func (c *Consumer[M]) attempt(ctx context.Context, key Key, msg M) (Outcome, error) {
 	inbox := c.inbox
 	req := inbox.newClaimReq(key, StateComplete, c.maxAttempts)
-	b := &pgx.Batch{}
-	b.BeginTx(c.txOpts)
-	if c.lockTimeout != "" {
-		b.Queue(sqlLockTimeout, c.lockTimeout)
-	}
+	b := c.beginBatch()
 	round := inbox.queueClaim(b, req)
 	b.Queue(sqlSavepoint)
 	sent := time.Now()
@@ -211,10 +213,7 @@ func (c *Consumer[M]) attempt(ctx context.Context, key Key, msg M) (Outcome, err
 	}
 
 	g := newGuard(tx)
-	herr := c.run(ContextWithClaim(ctx, claim), g, msg)
-	if herr == nil {
-		herr = g.check()
-	}
+	herr := runGuarded(g, func() error { return c.handler(contextWithClaim(ctx, claim), g, msg) })
 	if herr != nil {
 		return c.failed(ctx, tx, g, claim, herr)
 	}
@@ -226,119 +225,10 @@ func (c *Consumer[M]) attempt(ctx context.Context, key Key, msg M) (Outcome, err
 	return c.commit(ctx, tx, claim)
 }
 
-// inFlightOr reports a lock timeout as OutcomeInFlight, any other error as is.
-func inFlightOr(err error) (Outcome, error) {
-	if errors.Is(err, ErrInFlight) {
-		return OutcomeInFlight, err
-	}
-	return 0, err
-}
-
-// commit commits the claim and its effects. A COMMIT whose reply was lost is
-// resolved on a fresh connection: committed is reported as claimed, not
-// committed as an error, and an unanswerable question as OutcomeUnknown.
-func (c *Consumer[M]) commit(ctx context.Context, tx pgx.Tx, claim *Claim) (Outcome, error) {
-	err := tx.Commit(ctx)
-	if err == nil {
-		return OutcomeClaimed, nil
-	}
-	if !mayHaveApplied(err) {
-		return 0, translate(err)
-	}
-	log := c.inbox.cfg.Logger
-	committed, rerr := c.inbox.Resolve(ctx, claim)
-	switch {
-	case rerr != nil:
-		log.ErrorContext(ctx, "dedupe: commit reply lost and the outcome could not be learnt", "scope", claim.Key.Scope,
-			"key", claim.Key.ID, "err", err, "resolve_err", rerr)
-		return OutcomeUnknown, &OutcomeUnknownError{Op: "commit", Key: claim.Key, Err: errors.Join(err, rerr)}
-	case committed:
-		log.WarnContext(ctx, "dedupe: commit reply lost; the transaction committed", "scope", claim.Key.Scope,
-			"key", claim.Key.ID, "err", err)
-		return OutcomeClaimed, nil
-	}
-	return 0, fmt.Errorf("dedupe: commit of %s failed and did not take effect: %w", claim.Key, err)
-}
-
-// run calls the handler, turning a panic into a *PanicError.
-func (c *Consumer[M]) run(ctx context.Context, tx pgx.Tx, msg M) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = &PanicError{Value: v, Stack: debug.Stack()}
-		}
-	}()
-	return c.handler(ctx, tx, msg)
-}
-
-// failed ends an attempt whose handler failed. Its effects roll back to the
-// savepoint taken after the claim, the claim row becomes the failure record
-// (attempt counted, key released or marked failed) and that commits: the
-// claim was held all along, so no concurrent duplicate started an attempt
-// this one did not count.
-func (c *Consumer[M]) failed(ctx context.Context, tx pgx.Tx, g *guardedTx, claim *Claim, herr error) (Outcome, error) {
-	key := claim.Key
-	inbox := c.inbox
-	log := inbox.cfg.Logger
-	if ctx.Err() != nil {
-		// Cancelled (shutdown): not the message's fault, not an attempt.
-		return OutcomeRetry, &HandlerError{Key: key, Attempt: claim.Attempt, Err: herr}
-	}
-	if terr := translate(herr); errors.Is(terr, ErrRetryable) {
-		// The handler's own statements hit a serialization failure or a
-		// deadlock: run the transaction again without counting an attempt.
-		return 0, terr
-	}
-	var (
-		state    string
-		attempts int
-		err      error
-	)
-	if g.ended() {
-		// The handler ended the transaction; the claim went with it. Count
-		// the attempt on its own.
-		var poisoned bool
-		attempts, poisoned, err = inbox.recordFailure(ctx, key, herr, c.maxAttempts)
-		if poisoned {
-			state = string(StateFailed)
-		}
-	} else {
-		// The rollback goes alone, as a simple query: a transaction aborted
-		// by the handler's failed statement refuses to prepare anything
-		// until it is rolled back to the savepoint.
-		if _, err = tx.Exec(ctx, sqlRollbackSavepoint); err == nil {
-			err = tx.QueryRow(ctx, inbox.q.failTx, inbox.cfg.now(), key.Scope, key.ID, claim.Token, c.maxAttempts,
-				IsPermanent(herr), errorText(herr), inbox.cfg.Retention).Scan(&state, &attempts)
-		}
-		if err == nil {
-			err = tx.Commit(ctx)
-		}
-		err = translate(err)
-	}
-	if err != nil {
-		// The failure record did not commit (or its reply was lost): the
-		// effects are rolled back either way; the attempt may be uncounted.
-		log.ErrorContext(ctx, "dedupe: record failed attempt", "scope", key.Scope, "key", key.ID, "err", err)
-		return OutcomeRetry, &HandlerError{Key: key, Attempt: claim.Attempt, Err: errors.Join(herr, err)}
-	}
-	if attempts > 0 {
-		claim.Attempt = attempts
-	}
-	he := &HandlerError{Key: key, Attempt: claim.Attempt, Err: herr, Poisoned: State(state) == StateFailed}
-	if he.Poisoned {
-		log.ErrorContext(ctx, "dedupe: key marked failed", "scope", key.Scope, "key", key.ID,
-			"attempts", claim.Attempt, "err", herr)
-		return OutcomePoisoned, he
-	}
-	log.WarnContext(ctx, "dedupe: handler failed", "scope", key.Scope, "key", key.ID,
-		"attempt", claim.Attempt, "err", herr)
-	return OutcomeRetry, he
-}
-
 type claimCtxKey struct{}
 
-// ContextWithClaim returns ctx carrying c; Consumer.Handle does this for its
-// handler, and adapters that run handlers themselves may too.
-func ContextWithClaim(ctx context.Context, c *Claim) context.Context {
+// contextWithClaim returns ctx carrying c, for the handler of the claim.
+func contextWithClaim(ctx context.Context, c *Claim) context.Context {
 	return context.WithValue(ctx, claimCtxKey{}, c)
 }
 

@@ -339,14 +339,6 @@ func (c *Claim) DerivedKey(step string) string { return DeriveKey(c.Key, step) }
 // statement in the transaction; without it nothing extra runs.
 func (c *Claim) SetResult(r Result) { c.pending = &r }
 
-// PendingResult returns the result a handler recorded with SetResult, for
-// adapters that run handlers themselves and store it with StoreResultTx.
-func (c *Claim) PendingResult() (Result, bool) {
-	if c.pending == nil {
-		return Result{}, false
-	}
-	return *c.pending, true
-}
 
 // Record is a stored key as operators see it.
 type Record struct {

@@ -69,6 +69,10 @@ var (
 	// own) for the very key it is handling, which would wait on itself
 	// forever.
 	ErrReentrant = errors.New("dedupe: handler claims its own key again")
+	// ErrNotAttempted: BatchConsumer.HandleBatch did not handle this message
+	// because an earlier message of the batch failed; deliver it again, in
+	// order, after the failed one.
+	ErrNotAttempted = errors.New("dedupe: not attempted: an earlier message of the batch failed")
 )
 
 // OutcomeUnknownError reports an operation whose reply was lost after the

@@ -180,6 +180,25 @@ RETURNING locked_until, locked_until - {{now}}`
 // clock: $1 scope, $2 key.
 const sqlRelease = `DELETE FROM {{inbox}} WHERE scope = $1 AND key = $2`
 
+// sqlReleaseToken deletes a claim that committed without its effects: a
+// batch handler that committed the batch's transaction behind dedupe's back
+// also committed the claims of the messages whose handler had not run yet.
+// It takes no clock: $1 scope, $2 key, $3 token.
+const sqlReleaseToken = `DELETE FROM {{inbox}} WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'complete'`
+
+// sqlUnclaimNew and sqlUnclaimTaken give back, inside the transaction that
+// made them, claims of a batch that will not commit their effects: a new
+// key's row is deleted, a key taken over is released again as it was (in
+// flight, lease ended, the attempt not counted). $2 scopes, $3 keys, $4
+// tokens.
+const (
+	sqlUnclaimNew = `DELETE FROM {{inbox}} AS t USING unnest($2::text[], $3::text[], $4::bigint[]) AS u(scope, key, token)
+WHERE t.scope = u.scope AND t.key = u.key AND t.token = u.token AND t.attempts = 1 AND $1::timestamptz IS NOT DISTINCT FROM $1`
+	sqlUnclaimTaken = `UPDATE {{inbox}} AS t SET state = 'in_flight', attempts = t.attempts - 1, locked_until = {{now}}, updated_at = {{now}}
+FROM unnest($2::text[], $3::text[], $4::bigint[]) AS u(scope, key, token)
+WHERE t.scope = u.scope AND t.key = u.key AND t.token = u.token AND t.attempts > 1`
+)
+
 // sqlReleaseIdle is sqlRelease that leaves a key in a live lease alone, in
 // the same statement. $2 scope, $3 key.
 const sqlReleaseIdle = `DELETE FROM {{inbox}} WHERE scope = $2 AND key = $3
@@ -220,8 +239,8 @@ RETURNING t.token, t.state`
 // sqlSavepoint is taken right after a transactional claim, so that a failed
 // handler's effects roll back while the claim stays held (sqlFailTx).
 const (
-	sqlSavepoint         = `SAVEPOINT dedupe_claim`
-	sqlRollbackSavepoint = `ROLLBACK TO SAVEPOINT dedupe_claim`
+	sqlSavepointName = `dedupe_claim`
+	sqlSavepoint     = `SAVEPOINT ` + sqlSavepointName
 )
 
 // sqlLockTimeout sets the transaction's lock_timeout ($1, e.g. '250ms').
@@ -231,6 +250,7 @@ const sqlLockTimeout = `SELECT set_config('lock_timeout', $1, true)`
 type queries struct {
 	claimInsert, claim, claimBatch, lookup, lookupBatch, recordFailure, storeResult string
 	complete, fail, failTx, extend, release, releaseIdle, purge, stats, resolve     string
+	releaseToken, unclaimNew, unclaimTaken                                           string
 }
 
 func newQueries(table string) queries {
@@ -252,5 +272,8 @@ func newQueries(table string) queries {
 		purge:         r.Replace(sqlPurge),
 		stats:         r.Replace(sqlStats),
 		resolve:       r.Replace(sqlResolve),
+		releaseToken:  r.Replace(sqlReleaseToken),
+		unclaimNew:    r.Replace(sqlUnclaimNew),
+		unclaimTaken:  r.Replace(sqlUnclaimTaken),
 	}
 }

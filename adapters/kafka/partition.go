@@ -65,7 +65,7 @@ func (r *Runner) consume(ctx context.Context, tp topicPartition, start int64, g 
 		var done int
 		var st step
 		if len(batch) == 1 {
-			if st = r.handleOne(ctx, batch[0], nil); st == stepDone {
+			if st = r.handleOne(ctx, batch[0]); st == stepDone {
 				done = 1
 			}
 		} else {

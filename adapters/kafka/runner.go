@@ -67,6 +67,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/exactlyonce/dedupe"
@@ -82,9 +83,8 @@ type Runner struct {
 	inbox    *dedupe.Inbox
 	rc       kafka.ReaderConfig
 	cfg      Config
-	handler  HandlerFunc      // per-message handler (New), or nil
-	batchH   BatchHandlerFunc // batch handler (NewBatch), or nil
-	consumer *dedupe.Consumer[kafka.Message]
+	consumer *dedupe.Consumer[kafka.Message]      // one message per transaction
+	batch    *dedupe.BatchConsumer[kafka.Message] // a batch per transaction
 	errLog   kafka.Logger
 	stats    stats
 	running  atomic.Bool
@@ -128,24 +128,29 @@ func newRunner(inbox *dedupe.Inbox, rc kafka.ReaderConfig, cfg Config, h Handler
 	if err != nil {
 		return nil, err
 	}
-	if c.MaxAttempts != 0 {
-		// ClaimBatch and RecordFailure count attempts against their inbox's
-		// MaxAttempts: give the runner an inbox over the same table with its
-		// own, so that batch mode and per-message mode give up alike.
-		ic := inbox.Config()
-		ic.MaxAttempts = c.MaxAttempts
-		if inbox, err = dedupe.New(inbox.DB(), &ic); err != nil {
-			return nil, err
-		}
-	}
-	r := &Runner{inbox: inbox, rc: rc, cfg: c, handler: h, batchH: bh,
-		errLog: kafkaLogger{log: c.Logger, next: rc.ErrorLogger}}
-	r.consumer, err = dedupe.NewConsumer(inbox, dedupe.ConsumerConfig[kafka.Message]{
+	r := &Runner{inbox: inbox, rc: rc, cfg: c, errLog: kafkaLogger{log: c.Logger, next: rc.ErrorLogger}}
+	cc := dedupe.ConsumerConfig[kafka.Message]{
 		Scope:       c.Scope,
 		Key:         r.keyID,
 		Fingerprint: c.Fingerprint,
 		IsoLevel:    c.IsoLevel,
-	}, r.consumerHandler)
+		MaxAttempts: c.MaxAttempts,
+	}
+	// One message at a time and in batches, through the core's consumers:
+	// the same transaction driver, guard and attempt counting.
+	if h != nil {
+		r.consumer, err = dedupe.NewConsumer(inbox, cc, h)
+		if err == nil {
+			r.batch, err = dedupe.NewBatchConsumer(inbox, cc, h)
+		}
+	} else {
+		r.consumer, err = dedupe.NewConsumer(inbox, cc, func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
+			return bh(ctx, tx, []kafka.Message{m})
+		})
+		if err == nil {
+			r.batch, err = dedupe.NewBatchConsumerFunc(inbox, cc, dedupe.BatchHandlerFunc[kafka.Message](bh))
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

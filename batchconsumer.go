@@ -1,0 +1,319 @@
+package dedupe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// BatchHandlerFunc processes the new messages of a batch inside tx, the
+// transaction that holds their claims: their effects commit together with
+// the claims, or not at all.
+type BatchHandlerFunc[M any] func(ctx context.Context, tx pgx.Tx, msgs []M) error
+
+// BatchResult is what one message of a batch came to: the outcome and error
+// Consumer.Handle would have returned for it alone.
+type BatchResult struct {
+	Outcome Outcome
+	Err     error
+}
+
+// BatchConsumer handles the messages a transport delivers in batches (a
+// Kafka fetch, a JetStream pull) in one transaction per batch: one statement
+// claims every key, the handler runs for the new ones, and one commit makes
+// claims and effects durable. It keeps every guarantee of Consumer: the
+// handler gets the same guarded transaction, a lost COMMIT reply is
+// resolved, and attempts are counted in the transaction that held the claim.
+// It is safe for concurrent use.
+//
+// Order is kept as a partitioned transport needs it: when a handler fails,
+// the batch's effects roll back to the savepoint taken after the claims; the
+// failing message's attempt is recorded while its claim is still held (so it
+// runs at most MaxAttempts times, as under Consumer), the other claims are
+// given back, and that commits. The messages before the failing one are then
+// handled again as a batch, and the messages after it are returned
+// unattempted (ErrNotAttempted) for the transport to deliver again in order. A BatchHandlerFunc's failure cannot be pinned on one
+// message, so the batch is then handled one message per transaction, in
+// order, up to the first that fails; the failed run of the whole batch counts
+// as no one's attempt.
+type BatchConsumer[M any] struct {
+	txDriver
+	cfg  ConsumerConfig[M]
+	each HandlerFunc[M]      // per-message handler, or
+	all  BatchHandlerFunc[M] // batch handler
+	one  *Consumer[M]        // per-message transactions, when a batch cannot run
+}
+
+// NewBatchConsumer returns a BatchConsumer that runs h for each new message
+// of a batch, in the batch's transaction; the handler finds its claim with
+// ClaimFromContext (and may SetResult) as under Consumer.
+func NewBatchConsumer[M any](inbox *Inbox, cfg ConsumerConfig[M], h HandlerFunc[M]) (*BatchConsumer[M], error) {
+	if h == nil {
+		return nil, &ConfigError{Field: "handler", Reason: "must not be nil"}
+	}
+	return newBatchConsumer(inbox, cfg, h, nil)
+}
+
+// NewBatchConsumerFunc returns a BatchConsumer whose handler gets all new
+// messages of a batch in one call (one multi-row insert, say).
+func NewBatchConsumerFunc[M any](inbox *Inbox, cfg ConsumerConfig[M], h BatchHandlerFunc[M]) (*BatchConsumer[M], error) {
+	if h == nil {
+		return nil, &ConfigError{Field: "handler", Reason: "must not be nil"}
+	}
+	return newBatchConsumer(inbox, cfg, nil, h)
+}
+
+func newBatchConsumer[M any](inbox *Inbox, cfg ConsumerConfig[M], each HandlerFunc[M], all BatchHandlerFunc[M]) (*BatchConsumer[M], error) {
+	d, err := newTxDriver(inbox, &cfg)
+	if err != nil {
+		return nil, err
+	}
+	b := &BatchConsumer[M]{txDriver: d, cfg: cfg, each: each, all: all}
+	b.one = &Consumer[M]{txDriver: d, cfg: cfg, handler: b.runOne}
+	return b, nil
+}
+
+// Scope returns the consumer's scope.
+func (b *BatchConsumer[M]) Scope() string { return b.cfg.Scope }
+
+// KeyOf returns the key the consumer claims for msg, validated.
+func (b *BatchConsumer[M]) KeyOf(msg M) (Key, error) { return keyOf(&b.cfg, msg) }
+
+// runOne is the handler of one message on its own.
+func (b *BatchConsumer[M]) runOne(ctx context.Context, tx pgx.Tx, msg M) error {
+	if b.each != nil {
+		return b.each(ctx, tx, msg)
+	}
+	return b.all(ctx, tx, []M{msg})
+}
+
+// HandleBatch handles msgs and returns one result per message, in order,
+// each what Consumer.Handle would have returned for it, or ErrNotAttempted
+// for a message after one that failed. A message without a usable key gets
+// ErrNoKey or ErrInvalidKey and the others go on. When the batch cannot run
+// as one (a serialization failure after TxRetries, a key whose lock times
+// out, a database error), its messages are handled one transaction each, in
+// order, up to the first that fails.
+func (b *BatchConsumer[M]) HandleBatch(ctx context.Context, msgs []M) []BatchResult {
+	res := make([]BatchResult, len(msgs))
+	keys := make([]Key, len(msgs))
+	var valid []int
+	for n, m := range msgs {
+		k, err := b.KeyOf(m)
+		if err == nil {
+			err = b.inbox.reentrant(ctx, k)
+		}
+		if err != nil {
+			res[n] = BatchResult{Err: err}
+			continue
+		}
+		keys[n] = k
+		valid = append(valid, n)
+	}
+	if len(valid) > 0 {
+		b.handle(ctx, msgs, keys, valid, res)
+	}
+	return res
+}
+
+// handle handles the messages at valid (their keys valid) as one batch,
+// running the transaction again after a serialization failure, and one
+// message per transaction, in order, when the batch cannot run as one.
+func (b *BatchConsumer[M]) handle(ctx context.Context, msgs []M, keys []Key, valid []int, res []BatchResult) {
+	for try := 0; ; try++ {
+		err := b.batchTx(ctx, msgs, keys, valid, res)
+		switch {
+		case err == nil:
+			return
+		case errors.Is(err, ErrRetryable) && try < b.cfg.TxRetries && ctx.Err() == nil:
+			continue
+		}
+		if ctx.Err() == nil && !errors.Is(err, ErrInFlight) {
+			b.inbox.cfg.Logger.WarnContext(ctx, "dedupe: batch failed; handling it one message at a time", "err", err)
+		}
+		b.inOrder(ctx, msgs, keys, valid, res)
+		return
+	}
+}
+
+// batchTx runs one transaction for the messages at valid and fills their
+// results. An error means nothing committed and no result was filled.
+func (b *BatchConsumer[M]) batchTx(ctx context.Context, msgs []M, keys []Key, valid []int, res []BatchResult) error {
+	inbox := b.inbox
+	br := inbox.db.SendBatch(ctx, b.beginBatch())
+	tx := br.Tx()
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	if err := br.Close(); err != nil {
+		return translate(err)
+	}
+	batchKeys := make([]Key, len(valid))
+	for j, n := range valid {
+		batchKeys[j] = keys[n]
+	}
+	claims, err := inbox.claimBatch(ctx, tx, batchKeys, b.maxAttempts)
+	if err != nil {
+		return err
+	}
+	var (
+		fresh  []int // indexes into valid of the claimed messages
+		commit bool  // a takeover marked a key failed: keep that
+	)
+	out := make([]BatchResult, len(valid))
+	for j, c := range claims {
+		switch c.Outcome {
+		case OutcomeClaimed:
+			fresh = append(fresh, j)
+		case OutcomeDuplicate:
+			out[j] = BatchResult{Outcome: OutcomeDuplicate}
+		case OutcomePoisoned:
+			commit = true
+			out[j] = BatchResult{Outcome: OutcomePoisoned, Err: fmt.Errorf("%w: %s", ErrPoisoned, c.Key)}
+		default:
+			out[j] = BatchResult{Outcome: c.Outcome, Err: fmt.Errorf("%w: %s", c.Outcome.Err(), c.Key)}
+		}
+	}
+	if len(fresh) == 0 {
+		if commit {
+			if err := tx.Commit(ctx); err != nil {
+				return translate(err)
+			}
+		}
+		copyResults(res, valid, out)
+		return nil
+	}
+	if b.each != nil {
+		// A failing message's attempt is recorded behind this savepoint
+		// while its claim is still held.
+		if _, err := tx.Exec(ctx, sqlSavepoint); err != nil {
+			return translate(err)
+		}
+	}
+	g := newGuard(tx)
+	failedAt, herr := b.runBatch(ctx, g, msgs, valid, fresh, claims)
+	if herr == nil {
+		outcome, cerr := b.commit(ctx, tx, claims[fresh[0]])
+		for _, j := range fresh {
+			out[j] = BatchResult{Outcome: outcome, Err: cerr}
+		}
+		copyResults(res, valid, out)
+		return nil
+	}
+	if _, err, done := b.notAnAttempt(ctx, claims[fresh[0]], herr); done {
+		return err // retryable, or cancelled: nothing committed
+	}
+	if failedAt < 0 {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		b.inOrder(ctx, msgs, keys, valid, res)
+		return nil
+	}
+	n := valid[failedAt]
+	if g.ended() {
+		b.endedAt(ctx, keys, valid, fresh, claims, failedAt, herr, res)
+	} else {
+		// Record the failing message's attempt while its claim is held,
+		// give back the claims of the others, and commit just that.
+		poisoned, attempts, err := b.recordFailedTx(ctx, tx, sqlSavepointName, claims[failedAt], herr)
+		if err == nil {
+			err = b.unclaim(ctx, tx, fresh, failedAt, claims)
+		}
+		if err == nil {
+			err = translate(tx.Commit(ctx))
+		}
+		res[n].Outcome, res[n].Err = b.report(ctx, claims[failedAt], herr, poisoned, attempts, err)
+	}
+	// The messages before the failing one, again as a batch; the ones after
+	// it wait for their redelivery, so that order is kept.
+	if failedAt > 0 {
+		b.handle(ctx, msgs, keys, valid[:failedAt], res)
+	}
+	for _, m := range valid[failedAt+1:] {
+		res[m] = BatchResult{Outcome: OutcomeRetry, Err: ErrNotAttempted}
+	}
+	return nil
+}
+
+// unclaim gives back, in tx, the claims of fresh other than failedAt's.
+func (b *BatchConsumer[M]) unclaim(ctx context.Context, tx pgx.Tx, fresh []int, failedAt int, claims []*Claim) error {
+	var scopes, ids []string
+	var tokens []int64
+	for _, j := range fresh {
+		if j != failedAt {
+			scopes, ids, tokens = append(scopes, claims[j].Key.Scope), append(ids, claims[j].Key.ID), append(tokens, claims[j].Token)
+		}
+	}
+	if len(scopes) == 0 {
+		return nil
+	}
+	q := &pgx.Batch{}
+	now := b.inbox.cfg.now()
+	q.Queue(b.inbox.q.unclaimNew, now, scopes, ids, tokens)
+	q.Queue(b.inbox.q.unclaimTaken, now, scopes, ids, tokens)
+	return translate(tx.SendBatch(ctx, q).Close())
+}
+
+// endedAt records a batch whose handler ended the transaction itself at the
+// message failedAt. If it committed, it took the claims of the messages
+// whose handler had not run yet along: those are released again. The
+// failing message's attempt is counted on its own.
+func (b *BatchConsumer[M]) endedAt(ctx context.Context, keys []Key, valid, fresh []int, claims []*Claim,
+	failedAt int, herr error, res []BatchResult) {
+	for _, j := range fresh {
+		if j > failedAt {
+			k := keys[valid[j]]
+			if _, err := b.inbox.db.Exec(ctx, b.inbox.q.releaseToken, k.Scope, k.ID, claims[j].Token); err != nil {
+				b.inbox.cfg.Logger.ErrorContext(ctx, "dedupe: release a claim committed behind dedupe's back",
+					"scope", k.Scope, "key", k.ID, "err", err)
+			}
+		}
+	}
+	n := valid[failedAt]
+	attempts, poisoned, err := b.inbox.recordFailure(ctx, keys[n], herr, b.maxAttempts)
+	res[n].Outcome, res[n].Err = b.report(ctx, claims[failedAt], herr, poisoned, attempts, err)
+}
+
+// runBatch runs the handler over the claimed messages; failedAt is the index
+// into valid of the failing message (-1 when a batch handler failed).
+func (b *BatchConsumer[M]) runBatch(ctx context.Context, g *guardedTx, msgs []M, valid, fresh []int, claims []*Claim) (int, error) {
+	if b.all != nil {
+		batch := make([]M, len(fresh))
+		for k, j := range fresh {
+			batch[k] = msgs[valid[j]]
+		}
+		return -1, runGuarded(g, func() error { return b.all(ctx, g, batch) })
+	}
+	for _, j := range fresh {
+		c := claims[j]
+		c.pending = nil
+		err := runGuarded(g, func() error { return b.each(contextWithClaim(ctx, c), g, msgs[valid[j]]) })
+		if err == nil && c.pending != nil {
+			err = b.inbox.StoreResultTx(ctx, g.Tx, c, *c.pending)
+		}
+		if err != nil {
+			return j, err
+		}
+	}
+	return -1, nil
+}
+
+// inOrder handles the messages at valid one transaction each, in order, up
+// to the first that is not settled; the rest are returned unattempted.
+func (b *BatchConsumer[M]) inOrder(ctx context.Context, msgs []M, keys []Key, valid []int, res []BatchResult) {
+	for k, n := range valid {
+		o, err := b.one.HandleKey(ctx, keys[n], msgs[n])
+		res[n] = BatchResult{Outcome: o, Err: err}
+		if err != nil {
+			for _, m := range valid[k+1:] {
+				res[m] = BatchResult{Outcome: OutcomeRetry, Err: ErrNotAttempted}
+			}
+			return
+		}
+	}
+}
+
+func copyResults(res []BatchResult, valid []int, out []BatchResult) {
+	for j, n := range valid {
+		res[n] = out[j]
+	}
+}

@@ -1,0 +1,166 @@
+package dedupe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// txDriver is what Consumer and BatchConsumer share: how a claim's
+// transaction begins, how a handler runs in it, how a failed attempt is
+// recorded and how the transaction commits.
+type txDriver struct {
+	inbox       *Inbox
+	txOpts      pgx.TxOptions
+	lockTimeout string // for sqlLockTimeout; "" for none
+	maxAttempts int    // 0 = no limit
+}
+
+// Inbox returns the consumer's inbox.
+func (d *txDriver) Inbox() *Inbox { return d.inbox }
+
+// beginBatch returns a batch that begins the claim's transaction (with its
+// lock timeout), for the claim statements to be queued behind: one round
+// trip for all of them.
+func (d *txDriver) beginBatch() *pgx.Batch {
+	b := &pgx.Batch{}
+	b.BeginTx(d.txOpts)
+	if d.lockTimeout != "" {
+		b.Queue(sqlLockTimeout, d.lockTimeout)
+	}
+	return b
+}
+
+// runGuarded runs a handler call, turning a panic into a *PanicError, and
+// refuses a nil return from a handler that ended or aborted g behind
+// dedupe's back.
+func runGuarded(g *guardedTx, call func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	if err := call(); err != nil {
+		return err
+	}
+	return g.check()
+}
+
+// inFlightOr reports a lock timeout as OutcomeInFlight, any other error as is.
+func inFlightOr(err error) (Outcome, error) {
+	if errors.Is(err, ErrInFlight) {
+		return OutcomeInFlight, err
+	}
+	return 0, err
+}
+
+// commit commits the claim and its effects. A COMMIT whose reply was lost is
+// resolved on a fresh connection through claim (any claim of the
+// transaction): committed is reported as claimed, not committed as an error,
+// and an unanswerable question as OutcomeUnknown.
+func (d *txDriver) commit(ctx context.Context, tx pgx.Tx, claim *Claim) (Outcome, error) {
+	err := tx.Commit(ctx)
+	if err == nil {
+		return OutcomeClaimed, nil
+	}
+	if !mayHaveApplied(err) {
+		return 0, translate(err)
+	}
+	log := d.inbox.cfg.Logger
+	committed, rerr := d.inbox.Resolve(ctx, claim)
+	switch {
+	case rerr != nil:
+		log.ErrorContext(ctx, "dedupe: commit reply lost and the outcome could not be learnt", "scope", claim.Key.Scope,
+			"key", claim.Key.ID, "err", err, "resolve_err", rerr)
+		return OutcomeUnknown, &OutcomeUnknownError{Op: "commit", Key: claim.Key, Err: errors.Join(err, rerr)}
+	case committed:
+		log.WarnContext(ctx, "dedupe: commit reply lost; the transaction committed", "scope", claim.Key.Scope,
+			"key", claim.Key.ID, "err", err)
+		return OutcomeClaimed, nil
+	}
+	return 0, fmt.Errorf("dedupe: commit of %s failed and did not take effect: %w", claim.Key, err)
+}
+
+// recordFailedTx turns the claim row of a failed attempt into its failure
+// record inside tx, after the effects were rolled back to savepoint (the one
+// taken right after the claim, or one of the handler's own): the attempt is
+// counted and the key released or marked failed when tx commits. The
+// rollback goes alone, as a simple query: a transaction aborted by the
+// handler's failed statement refuses to prepare anything until it is rolled
+// back.
+func (d *txDriver) recordFailedTx(ctx context.Context, tx pgx.Tx, savepoint string, claim *Claim, herr error) (failed bool, attempts int, err error) {
+	if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+savepoint); err != nil {
+		return false, 0, translate(err)
+	}
+	i := d.inbox
+	var state string
+	err = tx.QueryRow(ctx, i.q.failTx, i.cfg.now(), claim.Key.Scope, claim.Key.ID, claim.Token, d.maxAttempts,
+		IsPermanent(herr), errorText(herr), i.cfg.Retention).Scan(&state, &attempts)
+	return State(state) == StateFailed, attempts, translate(err)
+}
+
+// failed ends an attempt whose handler failed. Its effects roll back to the
+// savepoint taken after the claim, the claim row becomes the failure record
+// (attempt counted, key released or marked failed) and that commits: the
+// claim was held all along, so no concurrent duplicate started an attempt
+// this one did not count.
+func (d *txDriver) failed(ctx context.Context, tx pgx.Tx, g *guardedTx, claim *Claim, herr error) (Outcome, error) {
+	if o, err, done := d.notAnAttempt(ctx, claim, herr); done {
+		return o, err
+	}
+	var (
+		poisoned bool
+		attempts int
+		err      error
+	)
+	if g.ended() {
+		// The handler ended the transaction; the claim went with it. Count
+		// the attempt on its own.
+		attempts, poisoned, err = d.inbox.recordFailure(ctx, claim.Key, herr, d.maxAttempts)
+	} else if poisoned, attempts, err = d.recordFailedTx(ctx, tx, sqlSavepointName, claim, herr); err == nil {
+		err = translate(tx.Commit(ctx))
+	}
+	return d.report(ctx, claim, herr, poisoned, attempts, err)
+}
+
+// notAnAttempt handles the handler failures that are not the message's
+// fault: a cancelled context (shutdown) and a serialization failure or
+// deadlock in the handler's own statements, after which the whole
+// transaction runs again. done is false for a real failure.
+func (d *txDriver) notAnAttempt(ctx context.Context, claim *Claim, herr error) (Outcome, error, bool) {
+	if ctx.Err() != nil {
+		return OutcomeRetry, &HandlerError{Key: claim.Key, Attempt: claim.Attempt, Err: herr}, true
+	}
+	if terr := translate(herr); errors.Is(terr, ErrRetryable) {
+		return 0, terr, true
+	}
+	return 0, nil, false
+}
+
+// report turns a recorded (or unrecorded, err) failed attempt into the
+// outcome and error Handle returns, and logs it.
+func (d *txDriver) report(ctx context.Context, claim *Claim, herr error, poisoned bool, attempts int, err error) (Outcome, error) {
+	key := claim.Key
+	log := d.inbox.cfg.Logger
+	if err != nil {
+		// The failure record did not commit (or its reply was lost): the
+		// effects are rolled back either way; the attempt may be uncounted.
+		log.ErrorContext(ctx, "dedupe: record failed attempt", "scope", key.Scope, "key", key.ID, "err", err)
+		return OutcomeRetry, &HandlerError{Key: key, Attempt: claim.Attempt, Err: errors.Join(herr, err)}
+	}
+	if attempts > 0 {
+		claim.Attempt = attempts
+	}
+	he := &HandlerError{Key: key, Attempt: claim.Attempt, Err: herr, Poisoned: poisoned}
+	if poisoned {
+		log.ErrorContext(ctx, "dedupe: key marked failed", "scope", key.Scope, "key", key.ID,
+			"attempts", claim.Attempt, "err", herr)
+		return OutcomePoisoned, he
+	}
+	log.WarnContext(ctx, "dedupe: handler failed", "scope", key.Scope, "key", key.ID,
+		"attempt", claim.Attempt, "err", herr)
+	return OutcomeRetry, he
+}
