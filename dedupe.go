@@ -339,7 +339,6 @@ func (c *Claim) DerivedKey(step string) string { return DeriveKey(c.Key, step) }
 // statement in the transaction; without it nothing extra runs.
 func (c *Claim) SetResult(r Result) { c.pending = &r }
 
-
 // Record is a stored key as operators see it.
 type Record struct {
 	Key         Key

@@ -250,7 +250,7 @@ const sqlLockTimeout = `SELECT set_config('lock_timeout', $1, true)`
 type queries struct {
 	claimInsert, claim, claimBatch, lookup, lookupBatch, recordFailure, storeResult string
 	complete, fail, failTx, extend, release, releaseIdle, purge, stats, resolve     string
-	releaseToken, unclaimNew, unclaimTaken                                           string
+	releaseToken, unclaimNew, unclaimTaken                                          string
 }
 
 func newQueries(table string) queries {
