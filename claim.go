@@ -31,7 +31,7 @@ func (i *Inbox) Claim(ctx context.Context, tx pgx.Tx, key Key) (*Claim, error) {
 	}
 	req := i.newClaimReq(key, StateComplete, i.cfg.maxAttemptsParam())
 	b := &pgx.Batch{}
-	round := i.queueClaim(b, req)
+	round := i.queueClaim(b, req, false)
 	sent := time.Now()
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, translate(err)
@@ -89,8 +89,10 @@ type claimRound struct {
 
 // queueClaim queues the claim's insert and, behind it, the read of the key,
 // so that a key that exists is classified without another round trip. The
-// results land in the returned round when the batch is closed.
-func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq) *claimRound {
+// results land in the returned round when the batch is closed. A peek reads
+// only what classifies the key (no stored result) and skips the claim's own
+// row.
+func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq, peek bool) *claimRound {
 	round := &claimRound{}
 	b.Queue(i.q.claimInsert, i.claimArgs(r)...).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(round.row.dest()...)
@@ -100,6 +102,20 @@ func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq) *claimRound {
 		round.inserted = err == nil
 		return err
 	})
+	if peek {
+		b.Queue(i.q.peek, i.cfg.now(), r.key.Scope, r.key.ID, r.token).QueryRow(func(row pgx.Row) error {
+			rec := &Record{Key: r.key}
+			var state string
+			err := row.Scan(&state, &rec.Attempts, &rec.Token, &rec.LockedUntil, &rec.Key.Fingerprint, &rec.ReadAt)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			rec.State = State(state)
+			round.rec = rec
+			return err
+		})
+		return round
+	}
 	b.Queue(i.q.lookup, i.cfg.now(), r.key.Scope, r.key.ID).QueryRow(func(row pgx.Row) error {
 		rec, err := scanRecord(row)
 		if errors.Is(err, pgx.ErrNoRows) {

@@ -178,7 +178,7 @@ func (c *Consumer[M]) attempt(ctx context.Context, key Key, msg M) (Outcome, err
 	inbox := c.inbox
 	req := inbox.newClaimReq(key, StateComplete, c.maxAttempts)
 	b := c.beginBatch()
-	round := inbox.queueClaim(b, req)
+	round := inbox.queueClaim(b, req, true)
 	b.Queue(sqlSavepoint)
 	sent := time.Now()
 	br := inbox.db.SendBatch(ctx, b)

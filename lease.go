@@ -40,7 +40,7 @@ func (i *Inbox) Begin(ctx context.Context, key Key) (*Claim, error) {
 	var c *Claim
 	err := i.idempotent(ctx, "Begin", key, func() error {
 		b := &pgx.Batch{}
-		round := i.queueClaim(b, req)
+		round := i.queueClaim(b, req, false)
 		sent := time.Now()
 		if err := i.db.SendBatch(ctx, b).Close(); err != nil {
 			return translate(err)

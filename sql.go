@@ -94,6 +94,14 @@ RETURNING t.scope, t.key, t.state, t.attempts`
 // sqlLookup reads one row. $2 scope, $3 key.
 const sqlLookup = `SELECT ` + recordColumns + ` FROM {{inbox}} WHERE scope = $2 AND key = $3`
 
+// sqlPeek is the read the consumer queues behind its claim insert: only
+// what classifies an existing key (no stored result, which Handle does not
+// return), and no row at all for the key this claim just inserted (its own
+// token, $4), so a new key pays for an index probe and nothing more. $2
+// scope, $3 key, $4 the claim's token.
+const sqlPeek = `SELECT state, attempts, token, locked_until, fingerprint, {{now}}
+FROM {{inbox}} WHERE scope = $2 AND key = $3 AND token <> $4`
+
 // sqlLookupBatch reads the rows of several keys. $2 scopes, $3 keys.
 const sqlLookupBatch = `SELECT ` + recordColumns + ` FROM {{inbox}}
 WHERE (scope, key) IN (SELECT * FROM unnest($2::text[], $3::text[]))`
@@ -250,7 +258,7 @@ const sqlLockTimeout = `SELECT set_config('lock_timeout', $1, true)`
 type queries struct {
 	claimInsert, claim, claimBatch, lookup, lookupBatch, recordFailure, storeResult string
 	complete, fail, failTx, extend, release, releaseIdle, purge, stats, resolve     string
-	releaseToken, unclaimNew, unclaimTaken                                          string
+	releaseToken, unclaimNew, unclaimTaken, peek                                    string
 }
 
 func newQueries(table string) queries {
@@ -275,5 +283,6 @@ func newQueries(table string) queries {
 		releaseToken:  r.Replace(sqlReleaseToken),
 		unclaimNew:    r.Replace(sqlUnclaimNew),
 		unclaimTaken:  r.Replace(sqlUnclaimTaken),
+		peek:          r.Replace(sqlPeek),
 	}
 }
