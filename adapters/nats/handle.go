@@ -134,9 +134,6 @@ func (r *Runner) handle(ctx context.Context, p phase, msg jetstream.Msg) Event {
 // ack acknowledges a message whose effects committed (or were committed
 // before), as Config.AckMode says.
 func (r *Runner) ack(ctx context.Context, msg jetstream.Msg, ev *Event) {
-	if r.beforeAck != nil {
-		r.beforeAck(msg)
-	}
 	r.beat.let(msg)
 	var err error
 	if r.cfg.AckMode == AckSingle {

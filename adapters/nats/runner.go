@@ -23,8 +23,6 @@ type Runner struct {
 	cfg      Config
 	beat     *heartbeat
 
-	// beforeAck, set by tests only, runs between the commit and the ack.
-	beforeAck func(msg jetstream.Msg)
 }
 
 // New returns a Runner that handles the messages of cons with h, claiming

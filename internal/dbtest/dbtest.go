@@ -7,12 +7,17 @@
 package dbtest
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -20,9 +25,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/testcontainers/testcontainers-go"
-	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
-	"go.uber.org/goleak"
 )
 
 // LocalURL is where the tests look when DATABASE_URL is not set.
@@ -31,7 +33,8 @@ const LocalURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 const howTo = `no PostgreSQL server for the tests. Provide one of:
   - DATABASE_URL=postgres://user:pass@host:5432/db (any database the user may CREATE SCHEMA in)
   - a server on 127.0.0.1:5432 with database "test" and trust auth for user postgres
-  - a running Docker engine, so that testcontainers can start postgres:16-alpine`
+  - a running Docker engine, so that testcontainers can start postgres:16-alpine
+    (internal/pgcontainer, run with go run from the repository)`
 
 var (
 	baseOnce sync.Once
@@ -81,25 +84,59 @@ func ping(u string) error {
 	return conn.Ping(ctx)
 }
 
-func startContainer() (u string, err error) {
-	defer func() {
-		// testcontainers panics in some setups without Docker; report it.
-		if v := recover(); v != nil {
-			err = fmt.Errorf("testcontainers: %v", v)
-		}
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	c, err := tcpostgres.Run(ctx, "postgres:16-alpine",
-		tcpostgres.WithDatabase("test"), tcpostgres.WithUsername("postgres"), tcpostgres.WithPassword("postgres"),
-		tcpostgres.BasicWaitStrategies())
+// startContainer runs the pgcontainer tool (its own module, so that
+// testcontainers stays out of the core's dependencies), which starts a
+// PostgreSQL container and prints its URL; the tool keeps the container
+// until this process ends and its standard input closes.
+func startContainer() (string, error) {
+	root, err := moduleRoot()
 	if err != nil {
 		return "", err
 	}
-	// The container lives for the test process; testcontainers' reaper
-	// removes it when the process exits.
-	_ = testcontainers.Container(c)
-	return c.ConnectionString(ctx, "sslmode=disable")
+	cmd := exec.Command("go", "run", "./internal/pgcontainer")
+	cmd.Dir = root
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe() // held open for the life of the process
+	if err != nil {
+		return "", err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		_ = cmd.Wait()
+		return "", fmt.Errorf("pgcontainer: %w", err)
+	}
+	containerStdin = stdin
+	return strings.TrimSpace(line), nil
+}
+
+// containerStdin keeps the pgcontainer tool, and so its container, alive.
+var containerStdin io.WriteCloser
+
+// moduleRoot finds the repository's root module (its go.mod names the
+// core module) from this process's working directory.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && strings.HasPrefix(string(b), "module github.com/exactlyonce/dedupe\n") {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("the repository's root module was not found above the working directory")
+		}
+		dir = parent
+	}
 }
 
 // DB is one test's private schema.
@@ -232,20 +269,16 @@ func (d *DB) Exec(t testing.TB, sql string, args ...any) {
 }
 
 // VerifyTestMain runs the package's tests and then fails if goroutines
-// leaked, ignoring the long-lived ones of testcontainers. It keeps the
+// leaked. It keeps the
 // library quiet: records logged through slog.Default are held in memory and
 // printed only when the package fails (with -v they go to stderr at once);
 // tests that want their logs beside their own output use Logger(t).
-func VerifyTestMain(m *testing.M, opts ...goleak.Option) {
+func VerifyTestMain(m *testing.M) {
 	quietDefaultLogger()
-	opts = append(opts,
-		goleak.IgnoreAnyFunction("github.com/testcontainers/testcontainers-go.(*Reaper).connect.func1"),
-		goleak.IgnoreAnyFunction("github.com/testcontainers/testcontainers-go.(*reaperSpawner).reaper.func1"),
-	)
 	code := m.Run()
 	if code == 0 {
-		if err := goleak.Find(opts...); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
+		if err := checkLeaks(); err != nil {
+			fmt.Fprintf(os.Stderr, "dbtest: %v\n", err)
 			code = 1
 		}
 	}

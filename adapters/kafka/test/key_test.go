@@ -1,4 +1,4 @@
-package dedupekafka_test
+package test
 
 import (
 	"context"
@@ -36,9 +36,19 @@ func (b *bundle) recreate(t *testing.T, partitions int) {
 	if _, err := cl.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{b.topic}}); err != nil {
 		t.Fatalf("delete topic: %v", err)
 	}
-	dbtest.WaitFor(t, 10*time.Second, "the topic to be created again", func() bool {
+	dbtest.WaitFor(t, 30*time.Second, "the topic to be created again", func() bool {
 		res, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: b.topic, NumPartitions: partitions, ReplicationFactor: 1}}})
-		return err == nil && res.Errors[b.topic] == nil
+		if err != nil {
+			return false
+		}
+		if e := res.Errors[b.topic]; e != nil && !errors.Is(e, kafka.TopicAlreadyExists) {
+			return false
+		}
+		// Created now, or already by a running member's metadata request
+		// (the broker creates topics on demand): either way with the
+		// partitions asked for.
+		md, err := cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{b.topic}})
+		return err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil && len(md.Topics[0].Partitions) == partitions
 	})
 }
 

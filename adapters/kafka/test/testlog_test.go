@@ -1,4 +1,4 @@
-package dedupekafka_test
+package test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package dedupenats_test
+package test
 
 import (
 	"context"
@@ -144,20 +144,19 @@ func TestStoppedBetweenCommitAndAckRedeliveredAsDuplicate(t *testing.T) {
 	// context is cancelled and its connection closed.
 	nc1, cons1 := b.conn(t)
 	var c1 dedupenats.Counters
-	r1 := newRunner(t, b, cons1, fastConfig(&c1), handler)
 	ctx1, cancel1 := context.WithCancel(context.Background())
 	var (
 		once               sync.Once
 		committedAtAckTime atomic.Int64
 	)
-	dedupenats.SetBeforeAck(r1, func(jetstream.Msg) {
+	r1 := newRunner(t, b, beforeAckConsumer{Consumer: cons1, hook: func() {
 		once.Do(func() {
 			// Seen from another connection: the effect committed before the ack.
 			committedAtAckTime.Store(int64(b.effects(t)))
 			cancel1()
 			nc1.Close()
 		})
-	})
+	}}, fastConfig(&c1), handler)
 	done1 := make(chan error, 1)
 	go func() { done1 <- r1.Run(ctx1) }()
 	b.publish(t, "order-7", "ship")
@@ -576,4 +575,48 @@ func TestMaxDeliverPoisonRecordedOnLastDelivery(t *testing.T) {
 	if c.Retries.Load() != 2 {
 		t.Fatalf("retries = %d, want 2", c.Retries.Load())
 	}
+}
+
+// beforeAckConsumer wraps a consumer so that hook runs when the runner is
+// about to acknowledge a message: after its commit, before its ack.
+type beforeAckConsumer struct {
+	jetstream.Consumer
+	hook func()
+}
+
+func (c beforeAckConsumer) Fetch(batch int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
+	b, err := c.Consumer.Fetch(batch, opts...)
+	if err != nil {
+		return b, err
+	}
+	out := make(chan jetstream.Msg)
+	go func() { // ends when the fetch's channel closes
+		defer close(out)
+		for m := range b.Messages() {
+			out <- &beforeAckMsg{Msg: m, hook: c.hook}
+		}
+	}()
+	return beforeAckBatch{MessageBatch: b, msgs: out}, nil
+}
+
+type beforeAckBatch struct {
+	jetstream.MessageBatch
+	msgs chan jetstream.Msg
+}
+
+func (b beforeAckBatch) Messages() <-chan jetstream.Msg { return b.msgs }
+
+type beforeAckMsg struct {
+	jetstream.Msg
+	hook func()
+}
+
+func (m *beforeAckMsg) DoubleAck(ctx context.Context) error {
+	m.hook()
+	return m.Msg.DoubleAck(ctx)
+}
+
+func (m *beforeAckMsg) Ack() error {
+	m.hook()
+	return m.Msg.Ack()
 }

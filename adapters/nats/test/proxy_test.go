@@ -1,4 +1,4 @@
-package dedupenats_test
+package test
 
 import (
 	"context"
