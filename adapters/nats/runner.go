@@ -22,7 +22,6 @@ type Runner struct {
 	inbox    *dedupe.Inbox
 	cfg      Config
 	beat     *heartbeat
-
 }
 
 // New returns a Runner that handles the messages of cons with h, claiming
