@@ -90,14 +90,19 @@ const outboxColumns = `o.id, o.message_id, o.topic, o.key, o.headers, o.payload,
 // rescheduled is not taken.
 //
 // It returns one row per claimed message, or a single row of NULLs when
-// nothing was claimed, each led by lo (the first pending id after the
-// cursor, NULL when there is none), beyond (pending rows exist past the
-// window) and head (a head, or a later row of its key).
+// nothing was claimed, each led by lo (the first pending id after the cursor
+// that is not parked, NULL when there is none: the window starts there), beyond (rows exist past the window: one
+// probe of the primary key's end, so they may be published already) and
+// head (a head, or a later row of its key).
 // $1 now, $2 cursor, $3 window, $4 batch size.
-var sqlOutboxClaim = `WITH b AS MATERIALIZED (
+var sqlOutboxClaim = `WITH w AS MATERIALIZED (
+    SELECT (SELECT id FROM {{outbox}} WHERE published_at IS NULL AND parked_at IS NULL AND id > $2
+        ORDER BY id LIMIT 1) AS lo
+),
+b AS MATERIALIZED (
     SELECT ` + sqlNow("$1") + ` AS now, w.lo,
-        EXISTS (SELECT 1 FROM {{outbox}} x WHERE x.published_at IS NULL AND x.id >= w.lo + $3) AS beyond
-    FROM (SELECT (SELECT id FROM {{outbox}} WHERE published_at IS NULL AND id > $2 ORDER BY id LIMIT 1) AS lo) w
+        coalesce((SELECT max(id) FROM {{outbox}}) >= w.lo + $3, false) AS beyond
+    FROM w
 ),
 h AS MATERIALIZED (
     SELECT ` + outboxColumns + `
@@ -135,8 +140,8 @@ SELECT b.lo, b.beyond, c.* FROM b LEFT JOIN (
 func sqlNowParam(param string) string { return "(SELECT " + sqlNow(param) + " AS now) n" }
 
 // sqlOutboxMarkPublished marks confirmed rows. $1 ids, $2 now.
-var sqlOutboxMarkPublished = `UPDATE {{outbox}} o SET published_at = n.now, last_error = NULL
-FROM ` + sqlNowParam("$2") + ` WHERE o.id = ANY($1)`
+var sqlOutboxMarkPublished = `UPDATE {{outbox}} o SET published_at = (SELECT ` + sqlNow("$2") + `), last_error = NULL
+WHERE o.id = ANY($1)`
 
 // sqlOutboxMarkPublishedLag is sqlOutboxMarkPublished returning each row's
 // lag from enqueue to confirmation in seconds, for RelayHooks.Published.

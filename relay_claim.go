@@ -63,7 +63,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) (batch []*OutboxMessage, m
 // claimed is what one claim statement found.
 type claimed struct {
 	lo     *int64 // the first pending id after the cursor, nil for none
-	beyond bool   // pending rows exist past the window
+	beyond bool   // rows exist past the window (maybe published)
 	heads  int
 	batch  []*OutboxMessage // in id order
 }
