@@ -92,8 +92,6 @@ func (rep *report) runTransports(ctx context.Context, b *bench, _ string, log io
 			{"dedupenats.Runner", "hand-written JetStream consumer", b.natsRunner},
 			{"hand-written kafka-go consumer", "", b.kafkaHand},
 			{"dedupekafka.Runner", "hand-written kafka-go consumer", b.kafkaRunner},
-			{"hand-written outbox relay → JetStream", "", b.relayHand},
-			{"dedupe.Relay → JetStream", "hand-written outbox relay → JetStream", b.relayLib},
 		} {
 			if !o.selected(rn.name) {
 				continue
@@ -115,7 +113,8 @@ func (rep *report) runTransports(ctx context.Context, b *bench, _ string, log io
 		}
 	}
 	fillRatios(rep.transports)
-	return nil
+	// The relay rows honour -rounds (see runRelays).
+	return rep.runRelays(tctx, b, js, log)
 }
 
 // natsStream creates a stream and durable consumer for one row and
