@@ -19,8 +19,8 @@ const maxClaimStatements = 8
 // holds nothing claimable (a blocked backlog, or rows other relays hold),
 // the cursor moves past it and the next window is tried in the same
 // transaction; past the last pending row it wraps to the oldest once. A
-// window that held some work stays where it is, for its keys' later rows.
-// more reports that the walk stopped with pending rows past it, so that Run
+// window that held some work stays where it is, for its keys' later rows,
+// until the walk reaches the last pending row. more reports that the walk stopped with pending rows past it, so that Run
 // looks again at once.
 func (r *Relay) claim(ctx context.Context, tx pgx.Tx) (batch []*OutboxMessage, more bool, err error) {
 	now := r.ob.dbNow()
@@ -53,8 +53,14 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) (batch []*OutboxMessage, m
 				m.Attempt++ // attempts holds the failures so far
 			}
 			// The window was walked to its end when it yielded fewer heads
-			// than a batch: rows past it may be claimable too.
-			return w.batch, w.heads < r.cfg.BatchSize && w.beyond, nil
+			// than a batch: rows past it may be claimable too, so look again
+			// at once; past the last row, start from the oldest next time,
+			// for rows before the cursor that became claimable meanwhile.
+			exhausted := w.heads < r.cfg.BatchSize
+			if exhausted && !w.beyond {
+				cursor = 0
+			}
+			return w.batch, exhausted && w.beyond, nil
 		}
 	}
 	return nil, true, nil

@@ -166,3 +166,46 @@ func TestRelayFollowersStopAtTheFirstGap(t *testing.T) {
 		b.db.Exec(t, "DELETE FROM dedupe_outbox")
 	}
 }
+
+// TestRelayCursorComesBackForEarlierRows: after the relay's window moved
+// past a blocked backlog, a row before it that becomes claimable (here an
+// unparked message) is published within a few cycles, although new messages
+// keep arriving after the window.
+func TestRelayCursorComesBackForEarlierRows(t *testing.T) {
+	t.Parallel()
+	b := setupOutbox(t)
+	ctx := context.Background()
+	rec := newRecorder()
+	var poison atomic.Bool
+	poison.Store(true)
+	rec.setFail(func(m *dedupe.OutboxMessage) error {
+		if string(m.Payload) == "poison" && poison.Load() {
+			return dedupe.Permanent(errors.New("not yet"))
+		}
+		return nil
+	})
+	relay := b.relay(t, rec, dedupe.RelayConfig{BatchSize: 2, ScanWindow: 3})
+	msgs := []dedupe.Message{{Topic: "t", Key: "p", Payload: []byte("poison")}}
+	for i := range 6 {
+		msgs = append(msgs, dedupe.Message{Topic: "t", Key: "p", Payload: []byte(fmt.Sprint("p", i))})
+	}
+	ids := b.enqueue(t, msgs...)
+	for i := range 4 {
+		b.enqueue(t, dedupe.Message{Topic: "t", Key: fmt.Sprint("r", i), Payload: []byte(fmt.Sprint("r", i))})
+		cycle(t, relay)
+	}
+	if n := b.db.Count(t, "SELECT count(*) FROM dedupe_outbox WHERE parked_at IS NOT NULL"); n != 1 {
+		t.Fatalf("parked = %d", n)
+	}
+	poison.Store(false)
+	if err := b.outbox.Unpark(ctx, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 6 {
+		b.enqueue(t, dedupe.Message{Topic: "t", Key: fmt.Sprint("s", i), Payload: []byte(fmt.Sprint("s", i))})
+		cycle(t, relay)
+	}
+	if _, sends, _ := rec.snapshot(); sends[ids[0]] != 1 {
+		t.Fatalf("the unparked message was not published in 6 cycles while new messages kept coming")
+	}
+}
