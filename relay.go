@@ -20,7 +20,8 @@ type RelayHooks struct {
 	// RelayConfig.StatsInterval.
 	Queued func(s OutboxStats)
 	// Published is called for each message the broker confirmed, with the
-	// lag from enqueue to confirmation.
+	// lag from enqueue to the recording of the confirmation, on the
+	// database's clock.
 	Published func(msg *OutboxMessage, lag time.Duration)
 	// Failed is called for each failed publish; parked says the message was
 	// parked by it.
@@ -215,9 +216,8 @@ func (r *Relay) Config() RelayConfig { return r.cfg }
 // notification arrives (a transaction that enqueued committed), every
 // PollInterval, and at once again after a full batch; it pauses with backoff
 // while the broker is unreachable, and it deletes published rows past
-// Retention. On
-// cancellation it lets the batch in flight finish (within ShutdownTimeout)
-// and returns nil. It returns an error only when the outbox table is missing
+// Retention. On cancellation it lets the batch in flight finish (within
+// ShutdownTimeout) and returns nil. It returns an error only when the outbox table is missing
 // (ErrNotMigrated); every other failure, a lost connection included, is
 // retried with backoff.
 func (r *Relay) Run(ctx context.Context) error {
