@@ -165,14 +165,6 @@ func (c *Config) now() *time.Time {
 	return &t
 }
 
-// wallClock is the application's time (the test clock when set), for the
-// outbox's own arithmetic until it moves onto the database's clock.
-func (c *Config) wallClock() time.Time {
-	if c.Clock == nil {
-		return time.Now()
-	}
-	return c.Clock()
-}
 
 // qualifiedTable returns the quoted, optionally schema-qualified table.
 func (c *Config) qualifiedTable(name string) string {

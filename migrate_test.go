@@ -135,8 +135,13 @@ func TestMigrateOneLineOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	applied, err := m.Up(ctx)
-	if err != nil || len(applied) != 1 || applied[0].Line != dedupe.LineOutbox {
-		t.Fatalf("up = %+v, %v; want only the outbox line", applied, err)
+	if err != nil || len(applied) == 0 {
+		t.Fatalf("up = %+v, %v; want the outbox line", applied, err)
+	}
+	for _, a := range applied {
+		if a.Line != dedupe.LineOutbox {
+			t.Fatalf("up applied %s/%03d; want only the outbox line", a.Line, a.Version)
+		}
 	}
 	if _, err := dedupe.NewMigrator(db.Pool, nil, dedupe.Line("nope")); !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Fatalf("unknown line: %v", err)

@@ -49,8 +49,7 @@ type OutboxMessage struct {
 	// Attempt is the publish attempt, starting at 1 (for a parked message:
 	// the attempts made).
 	Attempt int
-	// CreatedAt is when the message was enqueued (the Config.Clock of the
-	// enqueuing process).
+	// CreatedAt is when the message was enqueued, on the database's clock.
 	CreatedAt time.Time
 	// LastError is the error of the last failed attempt.
 	LastError string
@@ -74,6 +73,11 @@ type Outbox struct {
 // Config.OutboxTable in Config.Schema, created by Migrate. db is used by the
 // relay and the operator methods; Enqueue writes through the transaction it
 // is given.
+//
+// Every time the outbox and its relays store or compare (enqueue and retry
+// times, backoff, parking, retention, lag) is the database's clock when the
+// statement runs, never the application's. Config.Clock, when set, replaces
+// the database's clock: a seam for tests.
 func NewOutbox(db DB, cfg *Config) (*Outbox, error) {
 	if db == nil {
 		return nil, &ConfigError{Field: "db", Reason: "must not be nil"}
@@ -149,7 +153,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Querier, msg Message) (string, 
 		q = o.q.enqueueQuiet
 	}
 	if _, err := tx.Exec(ctx, q, msg.ID, msg.Topic, msg.Key, headers, payload,
-		o.cfg.wallClock(), o.lockSeed); err != nil {
+		o.dbNow(), o.lockSeed); err != nil {
 		return "", translate(err)
 	}
 	return msg.ID, nil
@@ -174,8 +178,9 @@ func (m *Message) validate() error {
 // OutboxStats is the state of the outbox's unpublished rows.
 type OutboxStats struct {
 	Pending int64 // waiting to be published (including retries)
-	Parked  int64 // given up on until an operator unparks them
-	// OldestPending is the age of the oldest pending message, or 0.
+	Parked  int64 // given up on until an operator unparks or discards them
+	// OldestPending is the age of the oldest pending message on the
+	// database's clock, or 0.
 	OldestPending time.Duration
 }
 
@@ -183,68 +188,59 @@ type OutboxStats struct {
 func (o *Outbox) Stats(ctx context.Context) (OutboxStats, error) {
 	var (
 		s      OutboxStats
-		oldest *time.Time
+		oldest *float64
 	)
-	if err := o.db.QueryRow(ctx, o.q.stats).Scan(&s.Pending, &s.Parked, &oldest); err != nil {
+	if err := o.db.QueryRow(ctx, o.q.stats, o.dbNow()).Scan(&s.Pending, &s.Parked, &oldest); err != nil {
 		return s, translate(err)
 	}
 	if oldest != nil {
-		s.OldestPending = max(o.cfg.wallClock().Sub(*oldest), 0)
+		s.OldestPending = max(fromSeconds(*oldest), 0)
 	}
 	return s, nil
 }
 
-// Parked lists up to limit parked messages, oldest first, with the error that
-// parked them. A parked message holds back the later messages of its key
-// (their order is kept) until it is unparked.
-func (o *Outbox) Parked(ctx context.Context, limit int) ([]*OutboxMessage, error) {
-	if limit <= 0 {
-		limit = 100
-	}
-	rows, err := o.db.Query(ctx, o.q.parked, limit)
-	if err != nil {
-		return nil, translate(err)
-	}
-	msgs, err := pgx.CollectRows(rows, scanOutboxMessage)
-	return msgs, translate(err)
-}
-
-// Unpark hands a parked message back to the relay with fresh attempts, after
-// an operator fixed the cause. It returns ErrNotFound when no parked message
-// has that ID.
-func (o *Outbox) Unpark(ctx context.Context, id string) error {
-	tag, err := o.db.Exec(ctx, o.q.unpark, id, o.cfg.wallClock())
-	if err != nil {
-		return translate(err)
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: no parked outbox message %q", ErrNotFound, id)
-	}
-	return nil
-}
-
 // scanOutboxMessage reads the columns of outboxColumns.
 func scanOutboxMessage(row pgx.CollectableRow) (*OutboxMessage, error) {
-	var (
-		m       OutboxMessage
-		headers []byte
-		parked  *time.Time
-		lastErr *string
-	)
-	if err := row.Scan(&m.Seq, &m.ID, &m.Topic, &m.Key, &headers, &m.Payload, &m.Attempt,
-		&m.nextAt, &parked, &lastErr, &m.CreatedAt); err != nil {
+	var r outboxRow
+	if err := row.Scan(r.fields()...); err != nil {
 		return nil, err
 	}
-	if headers != nil {
-		if err := json.Unmarshal(headers, &m.Headers); err != nil {
+	return r.message()
+}
+
+// outboxRow holds the columns of outboxColumns as scanned, NULLs included.
+type outboxRow struct {
+	seq                    *int64
+	id, topic, key         *string
+	headers, payload       []byte
+	attempts               *int
+	nextAt, parked, create *time.Time
+	lastErr                *string
+}
+
+// fields are the scan targets of outboxColumns.
+func (r *outboxRow) fields() []any {
+	return []any{&r.seq, &r.id, &r.topic, &r.key, &r.headers, &r.payload, &r.attempts,
+		&r.nextAt, &r.parked, &r.lastErr, &r.create}
+}
+
+// message returns the row's message, or nil for a row of NULLs.
+func (r *outboxRow) message() (*OutboxMessage, error) {
+	if r.seq == nil {
+		return nil, nil
+	}
+	m := &OutboxMessage{Message: Message{ID: *r.id, Topic: *r.topic, Key: *r.key, Payload: r.payload},
+		Seq: *r.seq, Attempt: *r.attempts, nextAt: *r.nextAt, CreatedAt: *r.create}
+	if r.parked != nil {
+		m.ParkedAt = *r.parked
+	}
+	if r.lastErr != nil {
+		m.LastError = *r.lastErr
+	}
+	if r.headers != nil {
+		if err := json.Unmarshal(r.headers, &m.Headers); err != nil {
 			return nil, fmt.Errorf("dedupe: decode outbox headers: %w", err)
 		}
 	}
-	if parked != nil {
-		m.ParkedAt = *parked
-	}
-	if lastErr != nil {
-		m.LastError = *lastErr
-	}
-	return &m, nil
+	return m, nil
 }

@@ -31,18 +31,19 @@ func (e *MessageError) Error() string {
 // Unwrap returns ErrInvalidMessage.
 func (e *MessageError) Unwrap() error { return ErrInvalidMessage }
 
-// PublishError is returned by Relay.Cycle when a cycle published nothing
-// because every publish failed, which the relay takes for the broker being
-// unreachable: the messages' attempts were not counted and they wait for the
-// next cycle. It matches ErrPublishFailed and unwraps to the first failure.
+// PublishError is returned by Relay.Cycle when a cycle published nothing and
+// the relay took its failures for a broker outage (see
+// RelayConfig.HealthCheck): those messages' attempts were not counted and
+// they wait for a later cycle. It matches ErrPublishFailed and unwraps to
+// the first failure.
 type PublishError struct {
-	Failed int   // how many messages failed
+	Failed int   // how many messages failed and were not counted
 	Err    error // the first failure
 }
 
 // Error implements the error interface.
 func (e *PublishError) Error() string {
-	return fmt.Sprintf("dedupe: outbox publish failed for all %d messages of the cycle: %v", e.Failed, e.Err)
+	return fmt.Sprintf("dedupe: outbox broker unreachable: %d publishes of the cycle failed: %v", e.Failed, e.Err)
 }
 
 // Unwrap returns ErrPublishFailed and the first failure.

@@ -2,7 +2,9 @@ package dedupe_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/jackc/pgx/v5"
 
@@ -86,4 +88,44 @@ func ExampleRelay_Run() {
 	// Output:
 	// hello
 	// <nil>
+}
+
+// A message the broker refuses for good is parked and holds back the later
+// messages of its key; an operator who decides it must never go out
+// discards it, with who and why, and the key moves on.
+func ExampleOutbox_Discard() {
+	ctx := context.Background()
+	pool, cleanup := exampleDB()
+	defer cleanup()
+	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+		panic(err)
+	}
+	outbox, _ := dedupe.NewOutbox(pool, &dedupe.Config{Logger: slog.New(slog.DiscardHandler)})
+	_ = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		for _, p := range []string{"v1 schema", "second"} {
+			if _, err := outbox.Enqueue(ctx, tx, dedupe.Message{ID: p, Topic: "orders", Key: "o-1", Payload: []byte(p)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	pub := dedupe.PublishFunc(func(ctx context.Context, m *dedupe.OutboxMessage) error {
+		if string(m.Payload) == "v1 schema" {
+			return dedupe.Permanent(errors.New("schema v1 is gone"))
+		}
+		fmt.Println("published", m.ID)
+		return nil
+	})
+	relay, _ := dedupe.NewRelay(outbox, pub, dedupe.RelayConfig{Logger: slog.New(slog.DiscardHandler)})
+	_, _ = relay.Cycle(ctx) // parks "v1 schema"; "second" waits behind it
+
+	parked, _ := outbox.Parked(ctx, 10)
+	fmt.Println("parked:", parked[0].ID, "-", parked[0].LastError)
+	d, err := outbox.Discard(ctx, parked[0].ID, "alice", "INC-7: replaced by a v2 event")
+	fmt.Println("discarded:", d.ID, "by", d.DiscardedBy, err)
+	_, _ = relay.Cycle(ctx)
+	// Output:
+	// parked: v1 schema - dedupe: permanent: schema v1 is gone
+	// discarded: v1 schema by alice <nil>
+	// published second
 }

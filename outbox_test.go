@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -98,7 +99,7 @@ type outboxBundle struct {
 func setupOutbox(t *testing.T) *outboxBundle {
 	t.Helper()
 	b := setup(t)
-	ob, err := dedupe.NewOutbox(b.db.Pool, &dedupe.Config{Clock: b.clock.Now})
+	ob, err := dedupe.NewOutbox(b.db.Pool, &dedupe.Config{Clock: b.clock.Now, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,6 +108,9 @@ func setupOutbox(t *testing.T) *outboxBundle {
 
 func (b *outboxBundle) relay(t *testing.T, pub dedupe.Publisher, cfg dedupe.RelayConfig) *dedupe.Relay {
 	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
 	r, err := dedupe.NewRelay(b.outbox, pub, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -132,6 +136,19 @@ func (b *outboxBundle) enqueue(t *testing.T, msgs ...dedupe.Message) []string {
 		t.Fatalf("enqueue: %v", err)
 	}
 	return ids
+}
+
+// testLogger logs through t, so a test's relay logs show only when it fails.
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
 }
 
 func cycle(t *testing.T, r *dedupe.Relay) int {

@@ -48,3 +48,14 @@ CREATE INDEX IF NOT EXISTS "dedupe_outbox_pending_idx" ON "dedupe_outbox" (id) W
 CREATE INDEX IF NOT EXISTS "dedupe_outbox_key_idx" ON "dedupe_outbox" (topic, key, id) WHERE published_at IS NULL;
 -- ... and cleanup deletes published rows past their retention.
 CREATE INDEX IF NOT EXISTS "dedupe_outbox_published_idx" ON "dedupe_outbox" (published_at) WHERE published_at IS NOT NULL;
+
+-- outbox/002_discard
+-- Discard: an operator takes a parked message out of the pending rows for
+-- good (Outbox.Discard, "dedupe outbox discard"), so that the later messages
+-- of its key move up. The row keeps the record: when, who and why. A
+-- discarded row has published_at set too (it left the outbox) and is cleaned
+-- up after the relay's retention like a published one.
+ALTER TABLE "dedupe_outbox"
+    ADD COLUMN IF NOT EXISTS discarded_at   timestamptz,
+    ADD COLUMN IF NOT EXISTS discarded_by   text,
+    ADD COLUMN IF NOT EXISTS discard_reason text;

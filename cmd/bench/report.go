@@ -39,7 +39,7 @@ func (rep *report) tables() []table {
 			headers: []string{"consumer", "workers", "msgs/s", "p50", "p99", "latency of", "vs", "ratio"}}
 		for _, r := range rep.transports {
 			t.rows = append(t.rows, []string{r.scenario, fmt.Sprint(r.workers), fmt.Sprintf("%.0f", r.throughput()),
-				dur(r.p50), dur(r.p99), r.unit, or(r.baseline, "—"), ratio(r)})
+				dur(r.p50), dur(r.p99), r.unit, or(r.baseline, "—"), or(r.note, ratio(r))})
 		}
 		ts = append(ts, t)
 	}

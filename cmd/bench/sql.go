@@ -47,9 +47,13 @@ const sqlAnalyze = `ANALYZE dedupe_inbox`
 const sqlResetOutbox = `TRUNCATE dedupe_outbox`
 
 // sqlHandRelayClaim is the hand-written relay's claim of a batch of pending
-// rows. $1 limit.
-const sqlHandRelayClaim = `SELECT id, message_id, topic, payload FROM dedupe_outbox
-WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
+// rows, in per-key order: a keyed row only when no older row of its key is
+// pending. $1 limit.
+const sqlHandRelayClaim = `SELECT id, message_id, topic, payload FROM dedupe_outbox o
+WHERE published_at IS NULL
+  AND (key = '' OR NOT EXISTS (SELECT 1 FROM dedupe_outbox e
+      WHERE e.topic = o.topic AND e.key = o.key AND e.id < o.id AND e.published_at IS NULL))
+ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
 
 // sqlHandRelayMark marks a published batch. $1 ids.
 const sqlHandRelayMark = `UPDATE dedupe_outbox SET published_at = now() WHERE id = ANY($1)`

@@ -90,8 +90,6 @@ func (rep *report) runTransports(ctx context.Context, b *bench, _ string, log io
 		for _, rn := range []run{
 			{"hand-written JetStream consumer", "", b.natsHand},
 			{"dedupenats.Runner", "hand-written JetStream consumer", b.natsRunner},
-			{"hand-written outbox relay → JetStream", "", b.relayHand},
-			{"dedupe.Relay → JetStream", "hand-written outbox relay → JetStream", b.relayLib},
 		} {
 			if !o.selected(rn.name) {
 				continue
@@ -113,6 +111,10 @@ func (rep *report) runTransports(ctx context.Context, b *bench, _ string, log io
 		}
 	}
 	fillRatios(rep.transports)
+	// The relay and Kafka rows honour -rounds (see runRelays, runKafka).
+	if err := rep.runRelays(tctx, b, js, log); err != nil {
+		return err
+	}
 	return rep.runKafka(tctx, b, log)
 }
 

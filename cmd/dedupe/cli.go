@@ -30,7 +30,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.databaseURL, "database-url", "", "PostgreSQL connection `URL`. Defaults to $DATABASE_URL.")
 	fs.StringVar(&g.schema, "schema", "", "`schema` of the inbox table. Defaults to the connection's search_path.")
 	fs.StringVar(&g.table, "table", "", "inbox `table` name. Defaults to "+dedupe.DefaultTable+".")
-	fs.StringVar(&g.outboxTable, "outbox-table", "", "transactional outbox `table` name (migrate, stats). Defaults to "+dedupe.DefaultOutboxTable+".")
+	fs.StringVar(&g.outboxTable, "outbox-table", "", "transactional outbox `table` name (migrate, stats, outbox). Defaults to "+dedupe.DefaultOutboxTable+".")
 	fs.BoolVar(&g.json, "json", false, "print machine-readable JSON instead of text. Defaults to false.")
 	fs.BoolVar(&g.verbose, "verbose", false, "log debug details to stderr. Defaults to false.")
 }
@@ -69,7 +69,7 @@ type command struct {
 
 // commands lists the subcommands in the order "dedupe help" shows them.
 func commands() []*command {
-	return []*command{migrateCommand(), inspectCommand(), statsCommand(), purgeCommand(), releaseCommand(), runCommand()}
+	return []*command{migrateCommand(), inspectCommand(), statsCommand(), purgeCommand(), releaseCommand(), outboxCommand(), runCommand()}
 }
 
 // cli is one invocation's environment.
@@ -174,9 +174,9 @@ func parseFlags(fs *flag.FlagSet, args []string, raw bool) ([]string, error) {
 func (c *cli) mainHelp(w io.Writer, top *flag.FlagSet) {
 	fmt.Fprint(w, `Usage: dedupe [global flags] <command> [flags] [args]
 
-dedupe operates the inbox tables of github.com/exactlyonce/dedupe: it creates
-them, inspects and releases keys, purges expired ones, and runs shell commands
-at most once per key.
+dedupe operates the inbox and outbox tables of github.com/exactlyonce/dedupe:
+it creates them, inspects and releases keys, purges expired ones, unparks or
+discards parked outbox messages, and runs shell commands at most once per key.
 
 Commands:
 `)

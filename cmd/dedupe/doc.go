@@ -12,6 +12,7 @@
 //	stats                            count keys by scope and state, the oldest in-flight key, the outbox lag
 //	purge [--older-than D]           delete expired keys in bounded batches, showing progress
 //	release --scope S --key K --yes  delete one key so that it is claimed afresh
+//	outbox parked|unpark|discard     list parked outbox messages, retry one, or drop one for good
 //	run --scope S --key K -- CMD     run CMD at most once per key, under a renewed lease
 //
 // Global flags, accepted before or after the command name:
@@ -19,7 +20,7 @@
 //	--database-url URL  PostgreSQL connection URL. Defaults to $DATABASE_URL.
 //	--schema S          schema of the inbox table. Defaults to the connection's search_path.
 //	--table T           inbox table name. Defaults to dedupe_inbox.
-//	--outbox-table T    transactional outbox table (migrate, stats). Defaults to dedupe_outbox.
+//	--outbox-table T    transactional outbox table (migrate, stats, outbox). Defaults to dedupe_outbox.
 //	--json              machine-readable output (for run: its report, on stderr).
 //	--verbose           debug logs on stderr.
 //
@@ -56,7 +57,7 @@
 //	     (a key completed with --on-failure=complete replays its stored status)
 //	1    error: the database or the operation failed
 //	2    usage: bad flags or arguments, invalid key, no database URL
-//	3    inspect, release: no such key
+//	3    inspect, release: no such key; outbox unpark, discard: no such parked message
 //	4    the inbox table does not exist (run "dedupe migrate up")
 //	75   the key is in flight elsewhere (a live lease); retry later
 //	76   run: the key is marked failed; "dedupe release" it to allow another run

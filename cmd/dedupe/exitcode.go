@@ -12,7 +12,7 @@ const (
 	exitOK          = 0   // done (for run: the command succeeded, or the key was already complete)
 	exitError       = 1   // the database or the operation failed
 	exitUsage       = 2   // bad flags or arguments, an invalid key, no database URL
-	exitNotFound    = 3   // inspect, release: no such key
+	exitNotFound    = 3   // inspect, release: no such key; outbox unpark, discard: no such parked message
 	exitNotMigrated = 4   // the inbox table does not exist: run "dedupe migrate up"
 	exitInFlight    = 75  // the key is held by a live lease elsewhere; retry later (EX_TEMPFAIL)
 	exitPoisoned    = 76  // run: the key is marked failed; "dedupe release" it to allow another run
@@ -28,7 +28,8 @@ const exitCodes = `Exit codes:
        (a key completed with --on-failure=complete replays its stored status)
   1    error: the database or the operation failed
   2    usage: bad flags or arguments, invalid key, no database URL
-  3    inspect, release: no such key
+  3    inspect, release: no such key; outbox unpark, discard: no such parked
+       message
   4    the inbox table does not exist (run "dedupe migrate up")
   75   the key is in flight elsewhere (a live lease); retry later
   76   run: the key is marked failed (attempts used up or --on-failure=poison);
