@@ -43,6 +43,13 @@ type report struct {
 	overAttempts    int
 	concurrent      int // the most calls of Handle for one such input under way at once
 
+	// Transports that call Consumer.Handle in this process: the calls it
+	// reported wrongly (committed without the effect, or not committed with
+	// it), and those whose outcome it reported unknown.
+	outcomesAudited bool
+	misreported     int
+	unknownOutcomes int
+
 	faults  *faults
 	elapsed time.Duration
 	runErr  error
@@ -53,7 +60,7 @@ type report struct {
 // and no attempt limit exceeded.
 func (r *report) ok() bool {
 	return r.missing == 0 && r.wrongEnd == 0 && r.duplicated == 0 && r.unknown == 0 && r.stuck == 0 &&
-		r.overAttempts == 0 && r.effects == r.committed && r.runErr == nil
+		r.overAttempts == 0 && r.misreported == 0 && r.effects == r.committed && r.runErr == nil
 }
 
 // String is the report line.
@@ -71,6 +78,9 @@ func (r *report) String() string {
 	if r.attemptsAudited {
 		attempts = fmt.Sprintf(" max_attempts=%d runs_max=%d unrecorded_runs=%d over_attempts=%d concurrent_copies=%d",
 			r.maxAttempts, r.runsMax, r.unrecorded, r.overAttempts, r.concurrent)
+	}
+	if r.outcomesAudited {
+		attempts += fmt.Sprintf(" misreported=%d unknown_outcomes=%d", r.misreported, r.unknownOutcomes)
 	}
 	return fmt.Sprintf("transport=%s inputs=%d unique=%d effects=%d missing=%d duplicated=%d faults=%d "+
 		"committed=%d failed=%d dead_lettered=%d designed_to_fail=%d wrong_end=%d refused=%d%s "+
@@ -160,6 +170,14 @@ func (s *soak) audit(ctx context.Context, e *env) (*report, error) {
 				r.overAttempts++
 			}
 		}
+	}
+	if e.outcomes != nil {
+		committed, err := s.committedAttempts(ctx, e.name)
+		if err != nil {
+			return nil, err
+		}
+		r.outcomesAudited = true
+		r.misreported, r.unknownOutcomes = e.outcomes.check(committed)
 	}
 	if e.inboxless {
 		return r, nil

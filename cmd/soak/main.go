@@ -46,7 +46,11 @@
 // unrecorded_runs (runs whose failure record the connection lost under, so
 // that the inbox could not count them; Handle reports them) and
 // over_attempts (inputs whose recorded runs or stored attempts exceed the
-// limit). It exits 1 when any audit fails, 2 when it cannot run. It works in
+// limit). The transports that call Consumer.Handle in this process (handle,
+// poison) add misreported (calls that Handle reported committed whose effect
+// is not there, or not committed whose effect is: a lost COMMIT reply taken
+// for a rollback) and unknown_outcomes. It exits 1 when any audit fails, 2
+// when it cannot run. It works in
 // a private schema of the database it is given (-dsn, else DATABASE_URL,
 // else postgres://postgres@127.0.0.1:5432/test), which it drops at the end.
 //

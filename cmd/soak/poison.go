@@ -63,12 +63,13 @@ func runPoison(ctx context.Context, e *env, inputs []string) error {
 	}
 	b := newBroker(feed, e.faults, o.redelivery, &e.progress.acks)
 	log := e.soak.log
+	e.outcomes = newOutcomeLog()
 	return consumeBroker(ctx, e, b, workers, 1, false, func(ctx context.Context, ds []delivery) []bool {
 		id := ds[0].id
 		if e.fails(id) {
 			defer runs.handling(id)()
 		}
-		outcome, err := consumer.Handle(ctx, ds[0])
+		outcome, err := e.outcomes.handle(ctx, consumer, ds[0])
 		if e.fails(id) && attemptRecorded(err) {
 			runs.recorded(id)
 		}

@@ -20,9 +20,10 @@ func soakConfig(e *env) *dedupe.Config {
 	return &dedupe.Config{MaxAttempts: e.maxAttempts, Lease: e.lease, Logger: e.soak.libLog()}
 }
 
-// effect writes the one effect of message id inside tx.
+// effect writes the one effect of message id inside tx, with the attempt
+// number in ctx if any (outcomeLog).
 func effect(ctx context.Context, tx pgx.Tx, transport, id string) error {
-	_, err := tx.Exec(ctx, sqlInsertEffect, transport, id)
+	_, err := tx.Exec(ctx, sqlInsertAttemptEffect, transport, id, attemptOf(ctx))
 	return err
 }
 
@@ -31,6 +32,7 @@ func effect(ctx context.Context, tx pgx.Tx, transport, id string) error {
 type handleProcessor struct {
 	consumer *dedupe.Consumer[delivery]
 	log      *slog.Logger
+	outcomes *outcomeLog
 }
 
 func newHandleProcessor(e *env, pool *pgxpool.Pool, _ func(string)) (processor, error) {
@@ -39,6 +41,10 @@ func newHandleProcessor(e *env, pool *pgxpool.Pool, _ func(string)) (processor, 
 		return nil, err
 	}
 	p := &handleProcessor{log: e.soak.log}
+	if !e.child {
+		p.outcomes = newOutcomeLog()
+		e.outcomes = p.outcomes
+	}
 	p.consumer, err = dedupe.NewConsumer(inbox, dedupe.ConsumerConfig[delivery]{
 		Scope: e.scope,
 		Key:   func(d delivery) (string, error) { return d.id, nil },
@@ -66,7 +72,7 @@ func (p *handleProcessor) process(ctx context.Context, d delivery, inTx func()) 
 	if inTx != nil {
 		ctx = withInTx(ctx, inTx)
 	}
-	outcome, err := p.consumer.Handle(ctx, d)
+	outcome, err := p.outcomes.handle(ctx, p.consumer, d)
 	return settled(p.log, d.id, outcome, err)
 }
 

@@ -7,12 +7,21 @@ package main
 const sqlCreateEffects = `CREATE TABLE IF NOT EXISTS soak_effects (
     id        bigserial PRIMARY KEY,
     transport text NOT NULL,
-    msg_id    text NOT NULL
+    msg_id    text NOT NULL,
+    attempt   bigint -- the outcomeLog's attempt number, where there is one
 );
 CREATE INDEX IF NOT EXISTS soak_effects_transport ON soak_effects (transport)`
 
 // sqlInsertEffect records one effect. $1 transport, $2 message id.
 const sqlInsertEffect = `INSERT INTO soak_effects (transport, msg_id) VALUES ($1, $2)`
+
+// sqlInsertAttemptEffect records one effect and its attempt number. $1
+// transport, $2 message id, $3 attempt (NULL: none).
+const sqlInsertAttemptEffect = `INSERT INTO soak_effects (transport, msg_id, attempt) VALUES ($1, $2, $3)`
+
+// sqlEffectAttempts returns the attempt numbers of a transport's effects. $1
+// transport.
+const sqlEffectAttempts = `SELECT attempt FROM soak_effects WHERE transport = $1 AND attempt IS NOT NULL`
 
 // sqlEffectCounts returns the effects of one transport per message id.
 // $1 transport.

@@ -108,6 +108,7 @@ type env struct {
 	faults    *faults
 	progress  *progress // paces the faults and detects a stuck run
 	inboxless bool      // the naive transport: no inbox rows to audit
+	child     bool      // in a worker subprocess
 
 	lease       time.Duration // of its inbox
 	maxAttempts int           // of its inbox; -1: no limit
@@ -117,6 +118,7 @@ type env struct {
 	inputs       []string        // the deliveries it was given (the poison transport adds copies)
 	deadLettered map[string]bool // inputs with a copy in its dead-letter destination
 	attempts     *attemptLog     // the poison transport's handler runs
+	outcomes     *outcomeLog     // what Consumer.Handle reported, where it is called in this process
 }
 
 // newEnv is the environment of transport tr in soak s (in a worker

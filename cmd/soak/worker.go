@@ -198,6 +198,7 @@ func workerMain(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	}
 	s := &soak{opts: o, schema: schema, log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))}
 	e := newEnv(s, tr, app, newFaults(0, [numFaults]float64{}))
+	e.child = true
 	if tr.child != nil {
 		err := childMain(stdin, stdout, func(ctx context.Context, say func(verb, arg string)) error {
 			return tr.child(ctx, e, &fl, say)
