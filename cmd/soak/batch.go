@@ -25,7 +25,7 @@ func runBatch(ctx context.Context, e *env, inputs []string) error {
 	}
 	defer pool.Close()
 	b := newBroker(inputs, e.faults, o.redelivery, &e.progress.acks)
-	return consumeBroker(ctx, e, b, batchSize, false, func(ctx context.Context, ds []delivery) []bool {
+	return consumeBroker(ctx, e, b, o.workers, batchSize, false, func(ctx context.Context, ds []delivery) []bool {
 		return processBatch(ctx, e, inbox, ds)
 	})
 }

@@ -22,6 +22,7 @@ type delivery struct {
 // (the broker lost the ack), as real brokers do.
 type broker struct {
 	queue        chan delivery
+	urgent       chan delivery // delivered before the queue
 	redelivery   time.Duration
 	faults       *faults
 	maxRedeliver int
@@ -42,6 +43,7 @@ func newBroker(inputs []string, f *faults, redelivery time.Duration, acks *atomi
 		// Every message is in the queue at most once at a time, plus the
 		// injected redeliveries, which are capped at len(inputs).
 		queue:        make(chan delivery, 2*len(inputs)+1),
+		urgent:       make(chan delivery, len(inputs)+1),
 		redelivery:   redelivery,
 		faults:       f,
 		maxRedeliver: len(inputs),
@@ -68,10 +70,34 @@ func (b *broker) push(id string) {
 	b.queue <- d
 }
 
+// pushUrgent enqueues a new delivery of id that the next consumer to ask
+// gets, before the queue: a redelivery that must arrive while the first
+// delivery is still being handled. At most as many as there are inputs are
+// taken; more are dropped.
+func (b *broker) pushUrgent(id string) {
+	b.mu.Lock()
+	if len(b.urgent) == cap(b.urgent) {
+		b.mu.Unlock()
+		return
+	}
+	b.seq++
+	d := delivery{seq: b.seq, id: id}
+	b.outstanding++
+	b.urgent <- d
+	b.mu.Unlock()
+}
+
 // next returns the next delivery, or false when ctx ends or every delivery
 // was acknowledged.
 func (b *broker) next(ctx context.Context) (delivery, bool) {
 	select {
+	case d := <-b.urgent:
+		return b.hold(d), true
+	default:
+	}
+	select {
+	case d := <-b.urgent:
+		return b.hold(d), true
 	case d := <-b.queue:
 		return b.hold(d), true
 	case <-b.done:
@@ -153,6 +179,8 @@ func (b *broker) left() int {
 // tryNext returns a queued delivery without waiting, or false.
 func (b *broker) tryNext() (delivery, bool) {
 	select {
+	case d := <-b.urgent:
+		return b.hold(d), true
 	case d := <-b.queue:
 		return b.hold(d), true
 	default:

@@ -17,18 +17,31 @@ type faultKind int
 
 // The faults the soak injects.
 const (
-	faultError     faultKind = iota // the handler returns an error after writing its effect
-	faultPanic                      // the handler panics after writing its effect
-	faultTerminate                  // pg_terminate_backend on one of the consumer's connections
-	faultKill                       // SIGKILL of the worker subprocess inside a transaction
-	faultRedeliver                  // the broker delivers an acknowledged message again
-	faultAbandon                    // a leased holder dies: its lease must expire and be taken over
-	faultLate                       // a leased holder outlives its lease and completes late
-	faultStop                       // a consumer is stopped and started again
+	faultError      faultKind = iota // the handler returns an error after writing its effect
+	faultPanic                       // the handler panics after writing its effect
+	faultTerminate                   // pg_terminate_backend on one of the consumer's connections
+	faultKill                        // SIGKILL of the worker subprocess inside a transaction
+	faultRedeliver                   // the broker delivers an acknowledged message again
+	faultAbandon                     // a leased holder dies: its lease must expire and be taken over
+	faultLate                        // a leased holder outlives its lease and completes late
+	faultStop                        // a consumer is stopped and started again
+	faultCommitLost                  // the proxy dropped a COMMIT's reply after the server applied it
+	faultReplyLost                   // the proxy dropped another statement's reply after the server applied it
+	faultCut                         // the proxy cut a connection before a statement reached the server
+	faultFenced                      // a leased holder whose lease ran out was refused (ErrLeaseLost)
+	faultStarved                     // a consumer waited for a connection of its exhausted pool
 	numFaults
 )
 
-var faultNames = [numFaults]string{"errors", "panics", "terminated", "killed", "redelivered", "abandoned", "late", "stopped"}
+var faultNames = [numFaults]string{"errors", "panics", "terminated", "killed", "redelivered", "abandoned", "late", "stopped",
+	"commit_lost", "reply_lost", "cut", "fenced", "starved"}
+
+// rateFlags are the faults injected at a rate given by a flag, and the flag.
+var rateFlags = map[faultKind]string{
+	faultError: "error-rate", faultPanic: "panic-rate", faultRedeliver: "redeliver-rate", faultKill: "kill-rate",
+	faultAbandon: "abandon-rate", faultLate: "late-rate",
+	faultCommitLost: "drop-commit-rate", faultReplyLost: "drop-reply-rate", faultCut: "cut-rate",
+}
 
 // errInjected is the error a faulty handler returns.
 var errInjected = errors.New("soak: injected handler failure")

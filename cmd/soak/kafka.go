@@ -19,6 +19,7 @@ import (
 // The soak's Kafka names.
 const (
 	kafkaTopic      = "soak-orders"
+	kafkaDLQ        = "soak-orders-dlq"
 	kafkaGroup      = "soak"
 	kafkaPartitions = 4
 )
@@ -32,7 +33,7 @@ const (
 // group that is killed mid-transaction.
 func runKafka(batch int) func(ctx context.Context, e *env, inputs []string) error {
 	return func(ctx context.Context, e *env, inputs []string) error {
-		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(kafkaPartitions, kafkaTopic),
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(kafkaPartitions, kafkaTopic, kafkaDLQ),
 			kfake.GroupMinSessionTimeout(100*time.Millisecond))
 		if err != nil {
 			return err
@@ -65,10 +66,22 @@ func runKafka(batch int) func(ctx context.Context, e *env, inputs []string) erro
 		}
 		tr := &kafka.Transport{}
 		defer tr.CloseIdleConnections()
+		dlq := kafkaDLQWriter(brokers, tr)
+		defer dlq.Close()
+		defer func() {
+			// Read the dead letters even after a failed run, for the audit.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			defer cancel()
+			dl, err := kafkaDeadLetters(rctx, tr, brokers)
+			if err != nil {
+				e.soak.log.Error("soak: read the Kafka dead letters", "err", err)
+			}
+			e.deadLettered = dl
+		}()
 		return runExternal(ctx, e, external{
 			consumers: 2,
 			consume: func(ctx context.Context, _ int) error {
-				return runKafkaMember(ctx, inbox, brokers, e.scope, batch, func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
+				return runKafkaMember(ctx, inbox, brokers, e.scope, batch, dlq, func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
 					err := handler(ctx, tx, m)
 					if err == nil {
 						succeeded(m)
@@ -83,8 +96,11 @@ func runKafka(batch int) func(ctx context.Context, e *env, inputs []string) erro
 				defer w.Close()
 				msgs := make([]kafka.Message, 0, 500)
 				for i, id := range inputs {
-					msgs = append(msgs, kafka.Message{Key: []byte(strconv.Itoa(i)), Value: []byte(id),
-						Headers: []kafka.Header{{Key: "Idempotency-Key", Value: []byte(id)}}})
+					m := kafka.Message{Key: []byte(strconv.Itoa(i)), Value: []byte(id)}
+					if !e.withoutKey(id) {
+						m.Headers = []kafka.Header{{Key: "Idempotency-Key", Value: []byte(id)}}
+					}
+					msgs = append(msgs, m)
 					if len(msgs) == cap(msgs) || i == len(inputs)-1 {
 						if err := w.WriteMessages(ctx, msgs...); err != nil {
 							if ctx.Err() != nil {
@@ -102,14 +118,16 @@ func runKafka(batch int) func(ctx context.Context, e *env, inputs []string) erro
 				if err != nil || lag > 0 || produced < int64(len(inputs)) {
 					return false, err
 				}
-				return e.effectsComplete(ctx)
+				return e.settledInDB(ctx)
 			},
 		})
 	}
 }
 
-// runKafkaMember runs one group member until ctx ends.
-func runKafkaMember(ctx context.Context, inbox *dedupe.Inbox, brokers []string, scope string, batch int, h dedupekafka.HandlerFunc) error {
+// runKafkaMember runs one group member, dead-lettering to dlq, until ctx
+// ends.
+func runKafkaMember(ctx context.Context, inbox *dedupe.Inbox, brokers []string, scope string, batch int,
+	dlq *kafka.Writer, h dedupekafka.HandlerFunc) error {
 	rc := kafka.ReaderConfig{
 		Brokers:           brokers,
 		GroupID:           kafkaGroup,
@@ -131,6 +149,7 @@ func runKafkaMember(ctx context.Context, inbox *dedupe.Inbox, brokers []string, 
 		BatchSize:       batch,
 		RetryBackoff:    10 * time.Millisecond,
 		MaxRetryBackoff: 50 * time.Millisecond,
+		DeadLetter:      dlq,
 	}, h)
 	if err != nil {
 		return err
@@ -145,8 +164,59 @@ func kafkaChild(ctx context.Context, e *env, fl *childFlags, say func(verb, arg 
 		return err
 	}
 	defer pool.Close()
-	return runKafkaMember(ctx, inbox, strings.Split(fl.kafkaBrokers, ","), e.scope, fl.kafkaBatch,
-		childHandler[kafka.Message](e, say))
+	brokers := strings.Split(fl.kafkaBrokers, ",")
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	dlq := kafkaDLQWriter(brokers, tr)
+	defer dlq.Close()
+	return runKafkaMember(ctx, inbox, brokers, e.scope, fl.kafkaBatch, dlq, childHandler[kafka.Message](e, say))
+}
+
+// kafkaDLQWriter writes the runners' dead letters, synchronously and durably
+// as the runner requires.
+func kafkaDLQWriter(brokers []string, tr *kafka.Transport) *kafka.Writer {
+	return &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: kafkaDLQ, Balancer: &kafka.Hash{},
+		BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireAll, Transport: tr}
+}
+
+// kafkaDeadLetters returns the inputs with a copy in the dead-letter topic
+// (the copy's value is the input's id).
+func kafkaDeadLetters(ctx context.Context, tr *kafka.Transport, brokers []string) (map[string]bool, error) {
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: tr, Timeout: 5 * time.Second}
+	reqs := make([]kafka.OffsetRequest, kafkaPartitions)
+	for p := range reqs {
+		reqs[p] = kafka.LastOffsetOf(p)
+	}
+	lo, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{kafkaDLQ: reqs}})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for _, p := range lo.Topics[kafkaDLQ] {
+		if p.Error != nil {
+			return out, p.Error
+		}
+		if p.LastOffset <= 0 {
+			continue
+		}
+		r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: kafkaDLQ, Partition: p.Partition,
+			MaxWait: 50 * time.Millisecond, Dialer: &kafka.Dialer{Timeout: 5 * time.Second}})
+		for {
+			m, err := r.ReadMessage(ctx)
+			if err != nil {
+				_ = r.Close()
+				return out, err
+			}
+			out[string(m.Value)] = true
+			if m.Offset+1 >= p.LastOffset {
+				break
+			}
+		}
+		if err := r.Close(); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
 }
 
 // kafkaLag returns how many produced messages the group has not committed,

@@ -21,6 +21,9 @@ const (
 	natsSubject = "soak.orders"
 	natsDurable = "soak"
 	natsIDHdr   = "Order-Id"
+	// The dead-letter stream of the nats transport.
+	natsDLQStream  = "SOAKDLQ"
+	natsDLQSubject = "soak.dlq"
 	// natsAckWait is short so that the messages a killed worker held are
 	// redelivered soon.
 	natsAckWait = 2 * time.Second
@@ -28,9 +31,11 @@ const (
 
 // runNATS soaks the JetStream runner: an in-process nats-server, every
 // input published with a fresh Nats-Msg-Id (so JetStream keeps the
-// duplicates) and its id in the Order-Id header, two in-process runners on
-// one durable consumer (one of them stopped and restarted at random) and a
-// worker subprocess on the same durable that is killed mid-transaction.
+// duplicates) and its id in the Order-Id header (the keyless inputs
+// without it, so the runner copies them to its dead-letter subject), two
+// in-process runners on one durable consumer (one of them stopped and
+// restarted at random) and a worker subprocess on the same durable that is
+// killed mid-transaction. At the end it reads the dead-letter stream.
 func runNATS(ctx context.Context, e *env, inputs []string) error {
 	embedded, err := natstest.Embed()
 	if err != nil {
@@ -42,6 +47,19 @@ func runNATS(ctx context.Context, e *env, inputs []string) error {
 	if err != nil {
 		return err
 	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: natsDLQStream, Subjects: []string{natsDLQSubject}}); err != nil {
+		return fmt.Errorf("create dead-letter stream: %w", err)
+	}
+	defer func() {
+		// Read the dead letters even after a failed run, for the audit.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		dl, err := natsDeadLetters(rctx, js)
+		if err != nil {
+			e.soak.log.Error("soak: read the NATS dead letters", "err", err)
+		}
+		e.deadLettered = dl
+	}()
 	o := e.soak.opts
 	pool, inbox, err := e.consumerInbox(ctx, int32(o.workers)*2+1)
 	if err != nil {
@@ -52,14 +70,16 @@ func runNATS(ctx context.Context, e *env, inputs []string) error {
 	return runExternal(ctx, e, external{
 		consumers: 2,
 		consume: func(ctx context.Context, _ int) error {
-			return runNATSRunner(ctx, e, inbox, cons, handler, o.workers)
+			return runNATSRunner(ctx, e, inbox, cons, handler, o.workers, js)
 		},
 		childArgs: []string{"-nats-url", embedded.URL()},
 		feed: func(ctx context.Context) error {
 			for i, id := range inputs {
 				m := nats.NewMsg(natsSubject)
 				m.Header.Set(jetstream.MsgIDHeader, "p-"+strconv.Itoa(i))
-				m.Header.Set(natsIDHdr, id)
+				if !e.withoutKey(id) {
+					m.Header.Set(natsIDHdr, id)
+				}
 				m.Data = []byte(id)
 				if _, err := js.PublishMsgAsync(m); err != nil {
 					return fmt.Errorf("publish: %w", err)
@@ -80,7 +100,7 @@ func runNATS(ctx context.Context, e *env, inputs []string) error {
 			if ci.NumPending+uint64(ci.NumAckPending) > 0 || ci.Delivered.Stream < uint64(len(inputs)) {
 				return false, nil
 			}
-			return e.effectsComplete(ctx)
+			return e.settledInDB(ctx)
 		},
 	})
 }
@@ -103,8 +123,10 @@ func createDurable(ctx context.Context, js jetstream.JetStream, stream, subject,
 // runNATSRunner runs one in-process dedupenats.Runner on cons until ctx
 // ends, counting every delivery after the first as a broker redelivery
 // (after a nak, a stopped runner, or a killed worker's expired AckWait).
-func runNATSRunner(ctx context.Context, e *env, inbox *dedupe.Inbox, cons jetstream.Consumer, h dedupe.HandlerFunc[jetstream.Msg], workers int) error {
-	cfg := natsConfig(e.scope, workers)
+// With dlq it dead-letters to the nats transport's dead-letter subject.
+func runNATSRunner(ctx context.Context, e *env, inbox *dedupe.Inbox, cons jetstream.Consumer, h dedupe.HandlerFunc[jetstream.Msg],
+	workers int, dlq jetstream.JetStream) error {
+	cfg := natsConfig(e.scope, workers, dlq)
 	cfg.Metrics = dedupenats.MetricsFunc(func(_ context.Context, ev dedupenats.Event) {
 		if ev.Delivery > 1 {
 			e.faults.add(faultRedeliver)
@@ -132,9 +154,9 @@ func connectJS(url string) (*nats.Conn, jetstream.JetStream, error) {
 }
 
 // natsConfig is the runners' configuration: the business key from the
-// Order-Id header, short delays.
-func natsConfig(scope string, workers int) *dedupenats.Config {
-	return &dedupenats.Config{
+// Order-Id header, short delays, and with dlq the dead-letter subject.
+func natsConfig(scope string, workers int, dlq jetstream.JetStream) *dedupenats.Config {
+	cfg := &dedupenats.Config{
 		Scope:         scope,
 		Key:           dedupenats.HeaderKey(natsIDHdr),
 		Workers:       workers,
@@ -144,6 +166,35 @@ func natsConfig(scope string, workers int) *dedupenats.Config {
 		DrainTimeout:  2 * time.Second,
 		Metrics:       dedupenats.MetricsFunc(func(context.Context, dedupenats.Event) {}),
 	}
+	if dlq != nil {
+		cfg.DeadLetterSubject, cfg.DeadLetterJS = natsDLQSubject, dlq
+	}
+	return cfg
+}
+
+// natsDeadLetters returns the inputs with a copy in the dead-letter stream
+// (the copy's data is the input's id).
+func natsDeadLetters(ctx context.Context, js jetstream.JetStream) (map[string]bool, error) {
+	st, err := js.Stream(ctx, natsDLQStream)
+	if err != nil {
+		return nil, err
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	if info.State.Msgs == 0 {
+		return out, nil
+	}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			return out, err
+		}
+		out[string(m.Data)] = true
+	}
+	return out, nil
 }
 
 // natsChild is the NATS worker subprocess: one runner on the soak's durable.
@@ -162,7 +213,7 @@ func natsChild(ctx context.Context, e *env, fl *childFlags, say func(verb, arg s
 		return err
 	}
 	defer pool.Close()
-	r, err := dedupenats.New(inbox, cons, childHandler[jetstream.Msg](e, say), natsConfig(e.scope, 2))
+	r, err := dedupenats.New(inbox, cons, childHandler[jetstream.Msg](e, say), natsConfig(e.scope, 2, js))
 	if err != nil {
 		return err
 	}

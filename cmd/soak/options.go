@@ -27,9 +27,22 @@ type options struct {
 	redelivery time.Duration
 	restart    int
 	idle       time.Duration
-	timeout    time.Duration
-	keep       bool
-	verbose    bool
+
+	// Inputs designed to fail, and the attempt limits.
+	poison         float64
+	keyless        float64
+	maxAttempts    int
+	poisonAttempts int
+	poisonCopies   int
+
+	// The starved transport.
+	starvedConns int
+	starvedLease time.Duration
+	slow         time.Duration
+
+	timeout time.Duration
+	keep    bool
+	verbose bool
 }
 
 // parseOptions parses the command line; every flag has a default.
@@ -51,6 +64,17 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.rates[faultKill], "kill-rate", 0.02, "probability, per transaction of the worker subprocess, that it is killed with SIGKILL inside it")
 	fs.Float64Var(&o.rates[faultAbandon], "abandon-rate", 0.01, "leased transport: probability that a holder dies after its claim (the lease must expire)")
 	fs.Float64Var(&o.rates[faultLate], "late-rate", 0.005, "leased transport: probability that a holder outlives its lease and completes late")
+	fs.Float64Var(&o.rates[faultCommitLost], "drop-commit-rate", 0.02, "probability that the PostgreSQL proxy between the consumers and the database drops the reply to a COMMIT after the server applied it")
+	fs.Float64Var(&o.rates[faultReplyLost], "drop-reply-rate", 0.002, "probability that the proxy drops the reply to any other statement after the server applied it")
+	fs.Float64Var(&o.rates[faultCut], "cut-rate", 0.002, "probability that the proxy cuts the connection before a statement (COMMIT included) reaches the server")
+	fs.Float64Var(&o.poison, "poison", 0.02, "fraction of the unique inputs designed to fail (ids f-…): their handler always fails, so they must end failed in the inbox or dead-lettered, never committed and never lost ("+strings.Join(transportsWith(func(t transport) bool { return t.poison }), ", ")+")")
+	fs.Float64Var(&o.keyless, "keyless", 0.01, "fraction of the unique inputs published without a key (ids k-…): they must be dead-lettered ("+strings.Join(transportsWith(func(t transport) bool { return t.keyless }), ", ")+"; elsewhere they are ordinary inputs)")
+	fs.IntVar(&o.maxAttempts, "max-attempts", 10, "attempt limit of the transports with inputs designed to fail (high enough that random faults never exhaust it)")
+	fs.IntVar(&o.poisonAttempts, "poison-attempts", 3, "attempt limit of the poison transport")
+	fs.IntVar(&o.poisonCopies, "poison-copies", 8, "poison transport: copies of each input designed to fail, delivered at once")
+	fs.IntVar(&o.starvedConns, "starved-conns", 2, "starved transport: connections in its consumers' pool")
+	fs.DurationVar(&o.starvedLease, "starved-lease", 100*time.Millisecond, "starved transport: its lease")
+	fs.DurationVar(&o.slow, "slow", 10*time.Millisecond, "starved transport: how long its handler holds its transaction (and connection)")
 	fs.IntVar(&o.terminate, "terminate-every", 40, "pg_terminate_backend one of the consumers' connections every this many committed effects (0: never)")
 	fs.IntVar(&o.kills, "kills", 5, "SIGKILLs of the worker subprocess per transport at most (0: no subprocess)")
 	fs.DurationVar(&o.lease, "lease", 300*time.Millisecond, "lease of the leased transport")
@@ -92,12 +116,22 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("-idle must be positive")
 	case o.terminate < 0 || o.restart < 0:
 		return nil, errors.New("-terminate-every and -restart-every must not be negative")
-	case o.lease <= 0:
-		return nil, errors.New("-lease must be positive")
+	case o.lease <= 0 || o.starvedLease <= 0:
+		return nil, errors.New("-lease and -starved-lease must be positive")
+	case o.poison < 0 || o.keyless < 0 || o.poison+o.keyless > 0.5:
+		return nil, errors.New("-poison and -keyless must not be negative and add up to at most 0.5")
+	case o.maxAttempts < 1 || o.poisonAttempts < 1:
+		return nil, errors.New("-max-attempts and -poison-attempts must be at least 1")
+	case o.poisonCopies < 1:
+		return nil, errors.New("-poison-copies must be at least 1")
+	case o.starvedConns < 1:
+		return nil, errors.New("-starved-conns must be at least 1")
+	case o.slow < 0:
+		return nil, errors.New("-slow must not be negative")
 	}
-	for k, r := range o.rates {
-		if r < 0 || r > 0.5 {
-			return nil, fmt.Errorf("-%s rate must be in [0, 0.5]", faultNames[k])
+	for k, name := range rateFlags {
+		if r := o.rates[k]; r < 0 || r > 0.5 {
+			return nil, fmt.Errorf("-%s must be in [0, 0.5]", name)
 		}
 	}
 	return o, nil

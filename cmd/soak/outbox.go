@@ -59,7 +59,7 @@ func runOutbox(ctx context.Context, e *env, inputs []string) error {
 			if n < 2 {
 				return runRelay(ctx, e, ob, pub)
 			}
-			return runNATSRunner(ctx, e, inbox, cons, handler, o.workers)
+			return runNATSRunner(ctx, e, inbox, cons, handler, o.workers, nil)
 		},
 		childArgs: []string{"-nats-url", embedded.URL()},
 		feed: func(ctx context.Context) error {
@@ -95,7 +95,7 @@ func runOutbox(ctx context.Context, e *env, inputs []string) error {
 			if err != nil || ci.NumPending+uint64(ci.NumAckPending) > 0 {
 				return false, err
 			}
-			return e.effectsComplete(ctx)
+			return e.settledInDB(ctx)
 		},
 	})
 }

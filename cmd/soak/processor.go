@@ -12,16 +12,18 @@ import (
 	"github.com/exactlyonce/dedupe"
 )
 
-// soakConfig is the inbox configuration of every transport: no attempt limit
-// (random faults must never poison a key; the run's timeout bounds it
-// instead), and the leased transport's short lease.
+// soakConfig is the inbox configuration of every transport: its lease, and
+// its attempt limit: none where no input is designed to fail (random faults
+// must never poison a key), else one that random faults do not exhaust
+// (-max-attempts), or the poison transport's small one.
 func soakConfig(e *env) *dedupe.Config {
-	return &dedupe.Config{MaxAttempts: -1, Lease: e.soak.opts.lease, Logger: e.soak.libLog()}
+	return &dedupe.Config{MaxAttempts: e.maxAttempts, Lease: e.lease, Logger: e.soak.libLog()}
 }
 
-// effect writes the one effect of message id inside tx.
+// effect writes the one effect of message id inside tx, with the attempt
+// number in ctx if any (outcomeLog).
 func effect(ctx context.Context, tx pgx.Tx, transport, id string) error {
-	_, err := tx.Exec(ctx, sqlInsertEffect, transport, id)
+	_, err := tx.Exec(ctx, sqlInsertAttemptEffect, transport, id, attemptOf(ctx))
 	return err
 }
 
@@ -30,6 +32,7 @@ func effect(ctx context.Context, tx pgx.Tx, transport, id string) error {
 type handleProcessor struct {
 	consumer *dedupe.Consumer[delivery]
 	log      *slog.Logger
+	outcomes *outcomeLog
 }
 
 func newHandleProcessor(e *env, pool *pgxpool.Pool, _ func(string)) (processor, error) {
@@ -38,6 +41,10 @@ func newHandleProcessor(e *env, pool *pgxpool.Pool, _ func(string)) (processor, 
 		return nil, err
 	}
 	p := &handleProcessor{log: e.soak.log}
+	if !e.child {
+		p.outcomes = newOutcomeLog()
+		e.outcomes = p.outcomes
+	}
 	p.consumer, err = dedupe.NewConsumer(inbox, dedupe.ConsumerConfig[delivery]{
 		Scope: e.scope,
 		Key:   func(d delivery) (string, error) { return d.id, nil },
@@ -49,6 +56,8 @@ func newHandleProcessor(e *env, pool *pgxpool.Pool, _ func(string)) (processor, 
 			hook()
 		}
 		switch {
+		case e.fails(d.id):
+			return errInjected
 		case e.faults.hit(faultError):
 			return errInjected
 		case e.faults.hit(faultPanic):
@@ -63,17 +72,31 @@ func (p *handleProcessor) process(ctx context.Context, d delivery, inTx func()) 
 	if inTx != nil {
 		ctx = withInTx(ctx, inTx)
 	}
-	outcome, err := p.consumer.Handle(ctx, d)
+	outcome, err := p.outcomes.handle(ctx, p.consumer, d)
+	return settled(p.log, d.id, outcome, err)
+}
+
+// settled says whether a delivery that Consumer.Handle (or a leased
+// processor) handled with outcome and err is acknowledged: processed now or
+// before, or its key failed (for an input designed to fail the expected end;
+// for any other the audit reports it). Anything else is redelivered: a
+// failed attempt, a key in flight, a killed connection, an outcome unknown.
+func settled(log *slog.Logger, id string, outcome dedupe.Outcome, err error) bool {
 	switch {
 	case err == nil:
-		return true // claimed now, or a duplicate of a committed claim
-	case outcome == dedupe.OutcomePoisoned || outcome == dedupe.OutcomeConflict:
-		// Impossible with no attempt limit and no fingerprints; the audit
-		// reports the key as missing.
-		p.log.Error("soak: unexpected outcome", "key", d.id, "outcome", outcome, "err", err)
+		return true
+	case outcome == dedupe.OutcomePoisoned:
+		if kindOf(id) != kindFails {
+			log.Error("soak: an input not designed to fail was marked failed", "key", id, "err", err)
+		}
+		return true
+	case outcome == dedupe.OutcomeConflict:
+		// Impossible without fingerprints; the audit reports the input
+		// missing.
+		log.Error("soak: unexpected outcome", "key", id, "outcome", outcome, "err", err)
 		return true
 	default:
-		return false // retry, in flight, or a killed connection: redeliver
+		return false
 	}
 }
 
@@ -98,6 +121,7 @@ type leasedProcessor struct {
 	inbox     *dedupe.Inbox
 	e         *env
 	redeliver func(id string)
+	slow      time.Duration // how long the handler holds its transaction
 }
 
 func newLeasedProcessor(e *env, pool *pgxpool.Pool, redeliver func(string)) (processor, error) {
@@ -105,7 +129,11 @@ func newLeasedProcessor(e *env, pool *pgxpool.Pool, redeliver func(string)) (pro
 	if err != nil {
 		return nil, err
 	}
-	return &leasedProcessor{inbox: inbox, e: e, redeliver: redeliver}, nil
+	p := &leasedProcessor{inbox: inbox, e: e, redeliver: redeliver}
+	if e.conns > 0 {
+		p.slow = e.soak.opts.slow
+	}
+	return p, nil
 }
 
 func (p *leasedProcessor) process(ctx context.Context, d delivery, inTx func()) bool {
@@ -115,21 +143,24 @@ func (p *leasedProcessor) process(ctx context.Context, d delivery, inTx func()) 
 		return false
 	}
 	switch c.Outcome {
-	case dedupe.OutcomeDuplicate:
-		return true
+	case dedupe.OutcomeClaimed:
 	case dedupe.OutcomeInFlight:
 		return false // a live lease (perhaps of a dead holder): redeliver later
-	case dedupe.OutcomeClaimed:
 	default:
-		log.Error("soak: unexpected outcome", "key", d.id, "outcome", c.Outcome)
-		return true
+		return settled(log, d.id, c.Outcome, c.Outcome.Err())
 	}
 	if p.e.faults.hit(faultAbandon) {
 		return false // died holding the lease: nothing completes or fails it
 	}
-	late := p.e.faults.hit(faultLate)
-	if late && p.redeliver != nil {
-		p.redeliver(d.id) // the broker gives up waiting for the slow holder
+	if p.redeliver != nil && p.e.faults.hit(faultLate) {
+		// The holder stalls after its claim (a pause, a starved pool) and
+		// outlives its lease; the broker, tired of waiting, delivers the
+		// message again at once and the next consumer takes the key over.
+		// This holder's effect and completion must then be refused.
+		lease := p.inbox.Config().Lease
+		sleepCtx(ctx, lease+lease/4)
+		p.redeliver(d.id)
+		p.awaitTakeover(ctx, c)
 	}
 	err = pgx.BeginFunc(ctx, p.inbox.DB(), func(tx pgx.Tx) error {
 		if err := effect(ctx, tx, p.e.name, d.id); err != nil {
@@ -138,10 +169,10 @@ func (p *leasedProcessor) process(ctx context.Context, d delivery, inTx func()) 
 		if inTx != nil {
 			inTx()
 		}
-		if late {
-			sleepCtx(ctx, p.inbox.Config().Lease+p.inbox.Config().Lease/2)
+		if p.slow > 0 {
+			sleepCtx(ctx, p.slow) // the starved transport's slow handler
 		}
-		if p.e.faults.hit(faultError) {
+		if p.e.fails(d.id) || p.e.faults.hit(faultError) {
 			return errInjected
 		}
 		return p.inbox.CompleteTx(ctx, tx, c, dedupe.Result{Status: 200})
@@ -152,14 +183,38 @@ func (p *leasedProcessor) process(ctx context.Context, d delivery, inTx func()) 
 	case errors.Is(err, dedupe.ErrLeaseLost):
 		// Taken over after the lease ran out: the effect rolled back; the
 		// new holder's completion counts. Redeliver to see it complete.
+		p.e.faults.add(faultFenced)
 		return false
 	case errors.Is(err, errInjected):
-		if _, ferr := p.inbox.Fail(context.WithoutCancel(ctx), c, err); ferr != nil && !errors.Is(ferr, dedupe.ErrLeaseLost) {
+		poisoned, ferr := p.inbox.Fail(context.WithoutCancel(ctx), c, err)
+		if ferr != nil && !errors.Is(ferr, dedupe.ErrLeaseLost) {
 			log.Debug("soak: fail", "key", d.id, "err", ferr)
+		}
+		if poisoned {
+			return settled(log, d.id, dedupe.OutcomePoisoned, err)
 		}
 		return false
 	default:
 		return false // killed connection or shutdown; the lease will expire
+	}
+}
+
+// awaitTakeover waits until another holder took c's key over (or completed
+// it), for at most ten leases: a late holder then completes too late for
+// sure. It polls on the soak's own connections, which the fault proxy and a
+// starved pool leave alone.
+func (p *leasedProcessor) awaitTakeover(ctx context.Context, c *dedupe.Claim) {
+	lease := p.inbox.Config().Lease
+	for range 100 {
+		var token int64
+		err := p.e.soak.admin.QueryRow(ctx, sqlToken, p.e.scope, c.Key.ID).Scan(&token)
+		if err != nil && ctx.Err() != nil {
+			return
+		}
+		if err == nil && token != c.Token {
+			return
+		}
+		sleepCtx(ctx, lease/10)
 	}
 }
 
@@ -198,10 +253,13 @@ func faultyHandler[M any](e *env, observe func(M)) dedupe.HandlerFunc[M] {
 		if observe != nil {
 			observe(msg)
 		}
-		if err := effect(ctx, tx, e.name, dedupe.ClaimFromContext(ctx).Key.ID); err != nil {
+		id := dedupe.ClaimFromContext(ctx).Key.ID
+		if err := effect(ctx, tx, e.name, id); err != nil {
 			return err
 		}
 		switch {
+		case e.fails(id):
+			return errInjected
 		case e.faults.hit(faultError):
 			return errInjected
 		case e.faults.hit(faultPanic):
@@ -222,6 +280,9 @@ func childHandler[M any](e *env, say func(verb, arg string)) dedupe.HandlerFunc[
 		}
 		say("tx", id)
 		time.Sleep(inTxPause)
+		if e.fails(id) {
+			return errInjected
+		}
 		return nil
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"hash/fnv"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -42,7 +41,7 @@ func newSoak(parent context.Context, opts *options, stderr io.Writer) (*soak, er
 	}
 
 	s.schema = scratch.Name("soak")
-	admin, err := s.pool(s.ctx, s.appName("admin"), 3)
+	admin, err := s.pool(s.ctx, opts.dsn, s.appName("admin"), 3)
 	if err != nil {
 		s.cancel()
 		return nil, err
@@ -60,8 +59,9 @@ func newSoak(parent context.Context, opts *options, stderr io.Writer) (*soak, er
 		s.close()
 		return nil, fmt.Errorf("create effects: %w", err)
 	}
-	s.inputs, s.unique = genInputs(opts.n, opts.dup, opts.workers, opts.seed)
-	fmt.Fprintf(stderr, "soak: seed=%d schema=%s inputs=%d unique=%d\n", opts.seed, s.schema, len(s.inputs), len(s.unique))
+	s.inputs, s.unique = genInputs(opts.n, opts.dup, opts.workers, opts.seed, opts.poison, opts.keyless)
+	fmt.Fprintf(stderr, "soak: seed=%d schema=%s inputs=%d unique=%d designed_to_fail=%d keyless=%d\n", opts.seed, s.schema,
+		len(s.inputs), len(s.unique), countKind(s.unique, kindFails), countKind(s.unique, kindKeyless))
 	return s, nil
 }
 
@@ -72,10 +72,11 @@ func (s *soak) appName(role string) string {
 	return "dsoak-" + strings.TrimPrefix(s.schema, "soak_") + "-" + role
 }
 
-// pool connects to the soak's schema with application name app. The
-// terminator may kill the very first connection, so it tries a few times.
-func (s *soak) pool(ctx context.Context, app string, maxConns int32) (*pgxpool.Pool, error) {
-	cfg, err := poolConfig(s.opts.dsn, s.schema, app, maxConns)
+// pool connects to the soak's schema through dsn with application name app.
+// The terminator (or the fault proxy) may kill the very first connection, so
+// it tries a few times.
+func (s *soak) pool(ctx context.Context, dsn, app string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := poolConfig(dsn, s.schema, app, maxConns)
 	if err != nil {
 		return nil, err
 	}
@@ -127,33 +128,6 @@ func (s *soak) close() {
 	}
 }
 
-// genInputs returns n message ids of which about dup repeat an earlier one:
-// half of the repeats pick one of the last few ids, so that both copies are
-// in flight at the same time, the other half any earlier id.
-func genInputs(n int, dup float64, workers int, seed uint64) ([]string, map[string]bool) {
-	rng := rand.New(rand.NewPCG(seed, 1))
-	ids := make([]string, 0, n)
-	unique := make(map[string]bool, n)
-	next := 0
-	for len(ids) < n {
-		if len(ids) > 0 && rng.Float64() < dup {
-			var id string
-			if rng.IntN(2) == 0 {
-				id = ids[len(ids)-1-rng.IntN(min(len(ids), 2*workers))]
-			} else {
-				id = ids[rng.IntN(len(ids))]
-			}
-			ids = append(ids, id)
-			continue
-		}
-		id := fmt.Sprintf("m-%06d", next)
-		next++
-		ids = append(ids, id)
-		unique[id] = true
-	}
-	return ids, unique
-}
-
 // runTransport soaks one transport and audits it.
 func (s *soak) runTransport(parent context.Context, name string) (*report, error) {
 	tr, ok := lookupTransport(name)
@@ -163,8 +137,15 @@ func (s *soak) runTransport(parent context.Context, name string) (*report, error
 	h := fnv.New64a()
 	h.Write([]byte(name))
 	f := newFaults(s.opts.seed^h.Sum64(), s.opts.rates)
-	env := &env{soak: s, name: name, scope: "soak-" + name, app: s.appName(name), faults: f,
-		progress: newProgress(s.admin, name)}
+	env := newEnv(s, tr, s.appName(name), f)
+	env.progress = newProgress(s.admin, name)
+	if proxied(s.opts) {
+		p, err := startProxy(env)
+		if err != nil {
+			return nil, err
+		}
+		defer p.Close()
+	}
 	// The run gives up only when it stops moving for -idle.
 	rctx, cancel := context.WithCancelCause(s.ctx)
 	defer cancel(nil)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/adapters/webhook"
 )
 
 // transport is one way of delivering the inputs to a consumer.
@@ -26,19 +27,33 @@ type transport struct {
 	child func(ctx context.Context, e *env, fl *childFlags, say func(verb, arg string)) error
 	// soakedByDefault: part of the default -transports list.
 	soakedByDefault bool
+	// poison: the transport's handler fails every input designed to fail
+	// (f-…), which must then end failed in the inbox or dead-lettered; its
+	// inbox has an attempt limit (-max-attempts). Elsewhere such inputs are
+	// ordinary and the inbox has no attempt limit.
+	poison bool
+	// keyless: the transport publishes the k-… inputs without a key, and
+	// they must be dead-lettered. Elsewhere they are ordinary inputs.
+	keyless bool
 }
 
 // transports are the known transports, in the order they are soaked.
 var transports = []transport{
-	{name: "handle", proc: newHandleProcessor, soakedByDefault: true},
-	{name: "leased", proc: newLeasedProcessor, soakedByDefault: true},
+	{name: "handle", proc: newHandleProcessor, soakedByDefault: true, poison: true},
+	{name: "leased", proc: newLeasedProcessor, soakedByDefault: true, poison: true},
+	// starved: leased, with a pool of -starved-conns connections, a slow
+	// handler and a short lease.
+	{name: "starved", proc: newLeasedProcessor, soakedByDefault: true},
+	// poison: Consumer.Handle with a small attempt limit; every input
+	// designed to fail arrives -poison-copies times at once.
+	{name: "poison", run: runPoison, soakedByDefault: true, poison: true},
 	{name: "batch", run: runBatch, soakedByDefault: true},
-	{name: "nats", run: runNATS, child: natsChild, soakedByDefault: true},
-	{name: "kafka", run: runKafka(1), child: kafkaChild, soakedByDefault: true},
-	{name: "kafka-batch", run: runKafka(50), child: kafkaChild, soakedByDefault: true},
-	{name: "webhook", run: runWebhook, child: webhookChild, soakedByDefault: true},
+	{name: "nats", run: runNATS, child: natsChild, soakedByDefault: true, poison: true, keyless: true},
+	{name: "kafka", run: runKafka(1), child: kafkaChild, soakedByDefault: true, poison: true, keyless: true},
+	{name: "kafka-batch", run: runKafka(50), child: kafkaChild, soakedByDefault: true, poison: true, keyless: true},
+	{name: "webhook", run: runWebhook, child: webhookChild, soakedByDefault: true, poison: true},
 	{name: "httpidem", run: runHTTPIdem, child: httpidemChild, soakedByDefault: true},
-	{name: "outbox", run: runOutbox, child: outboxChild, soakedByDefault: true},
+	{name: "outbox", run: runOutbox, child: outboxChild, soakedByDefault: true, poison: true},
 	// naive writes its effects without the inbox: the audit must catch it.
 	{name: "naive", proc: newNaiveProcessor},
 }
@@ -60,9 +75,14 @@ func knownTransports() []string {
 }
 
 func defaultTransports() []string {
+	return transportsWith(func(t transport) bool { return t.soakedByDefault })
+}
+
+// transportsWith names the transports for which pred holds.
+func transportsWith(pred func(transport) bool) []string {
 	var out []string
 	for _, t := range transports {
-		if t.soakedByDefault {
+		if pred(t) {
 			out = append(out, t.name)
 		}
 	}
@@ -80,17 +100,65 @@ func lookupTransport(name string) (transport, bool) {
 // env is what a transport's run gets.
 type env struct {
 	soak      *soak
+	tr        transport
 	name      string // the transport's name, recorded with its effects
 	scope     string // the inbox scope of its keys
 	app       string // application_name of its consumers' connections
+	dsn       string // where its consumers connect: the fault proxy, or the database
 	faults    *faults
 	progress  *progress // paces the faults and detects a stuck run
 	inboxless bool      // the naive transport: no inbox rows to audit
+	child     bool      // in a worker subprocess
+
+	lease       time.Duration // of its inbox
+	maxAttempts int           // of its inbox; -1: no limit
+	conns       int32         // brokered transports: connections of the consumers' pool (0: workers+2)
+
+	// Filled by the run, read by the audit.
+	inputs       []string        // the deliveries it was given (the poison transport adds copies)
+	deadLettered map[string]bool // inputs with a copy in its dead-letter destination
+	attempts     *attemptLog     // the poison transport's handler runs
+	outcomes     *outcomeLog     // what Consumer.Handle reported, where it is called in this process
 }
 
-// consumerPool connects the transport's consumers.
+// newEnv is the environment of transport tr in soak s (in a worker
+// subprocess too, whose options carry what it needs).
+func newEnv(s *soak, tr transport, app string, f *faults) *env {
+	o := s.opts
+	e := &env{soak: s, tr: tr, name: tr.name, scope: "soak-" + tr.name, app: app, dsn: o.dsn, faults: f,
+		lease: o.lease, maxAttempts: -1, inputs: s.inputs}
+	if tr.poison {
+		e.maxAttempts = o.maxAttempts
+	}
+	switch tr.name {
+	case "webhook":
+		// The receiver scopes its keys by provider and endpoint.
+		e.scope = webhook.Scope("standard", webhookEndpoint)
+	case "poison":
+		e.maxAttempts = o.poisonAttempts
+	case "starved":
+		e.lease, e.conns = o.starvedLease, int32(o.starvedConns)
+	}
+	return e
+}
+
+// fails reports whether the transport's handler must fail input id: it is
+// designed to fail and the transport handles such inputs.
+func (e *env) fails(id string) bool { return e.tr.poison && kindOf(id) == kindFails }
+
+// designedToFail reports whether input id must end failed in the inbox or
+// dead-lettered rather than committed.
+func (e *env) designedToFail(id string) bool {
+	return e.fails(id) || (e.tr.keyless && kindOf(id) == kindKeyless)
+}
+
+// withoutKey reports whether the transport publishes input id without a key.
+func (e *env) withoutKey(id string) bool { return e.tr.keyless && kindOf(id) == kindKeyless }
+
+// consumerPool connects the transport's consumers (through the fault proxy
+// when there is one).
 func (e *env) consumerPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
-	return e.soak.pool(ctx, e.app, maxConns)
+	return e.soak.pool(ctx, e.dsn, e.app, maxConns)
 }
 
 // consumerInbox connects the transport's consumers and builds their inbox.
@@ -123,13 +191,21 @@ type processorFactory func(e *env, pool *pgxpool.Pool, redeliver func(id string)
 func runBrokered(newProc processorFactory) func(ctx context.Context, e *env, inputs []string) error {
 	return func(ctx context.Context, e *env, inputs []string) error {
 		o := e.soak.opts
-		pool, err := e.consumerPool(ctx, int32(o.workers)+2)
+		conns := e.conns
+		if conns == 0 {
+			conns = int32(o.workers) + 2
+		}
+		pool, err := e.consumerPool(ctx, conns)
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
+		if e.conns > 0 {
+			// A starved pool: count the acquires that found it empty.
+			defer func() { e.faults.count[faultStarved].Add(pool.Stat().EmptyAcquireCount()) }()
+		}
 		b := newBroker(inputs, e.faults, o.redelivery, &e.progress.acks)
-		proc, err := newProc(e, pool, b.push)
+		proc, err := newProc(e, pool, b.pushUrgent)
 		if err != nil {
 			return err
 		}
@@ -137,23 +213,27 @@ func runBrokered(newProc processorFactory) func(ctx context.Context, e *env, inp
 			e.inboxless = true
 		}
 
-		return consumeBroker(ctx, e, b, 1, true, func(ctx context.Context, ds []delivery) []bool {
+		workers := o.workers
+		if e.conns > 0 {
+			workers *= 4 // a starved pool: many more consumers than connections
+		}
+		return consumeBroker(ctx, e, b, workers, 1, true, func(ctx context.Context, ds []delivery) []bool {
 			return []bool{proc.process(ctx, ds[0], nil)}
 		})
 	}
 }
 
 // consumeBroker consumes b until every delivery was acknowledged or ctx
-// ends: -workers goroutines each take up to batch deliveries at a time and
+// ends: workers goroutines each take up to batch deliveries at a time and
 // settle each as process says (true: ack), while the terminator kills their
 // connections and, with subprocess (and -kills), a worker subprocess that is
 // killed and restarted consumes too.
-func consumeBroker(ctx context.Context, e *env, b *broker, batch int, subprocess bool,
+func consumeBroker(ctx context.Context, e *env, b *broker, workers, batch int, subprocess bool,
 	process func(ctx context.Context, ds []delivery) (acks []bool)) error {
 	o := e.soak.opts
 	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	for range o.workers {
+	for range workers {
 		wg.Go(func() {
 			for {
 				first, ok := b.next(wctx)

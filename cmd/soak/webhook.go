@@ -8,9 +8,11 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +22,9 @@ import (
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/adapters/webhook"
 )
+
+// webhookEndpoint is the receivers' endpoint (Config.Endpoint).
+const webhookEndpoint = "soak-webhook"
 
 // webhookKey is the soak's Standard Webhooks signing key.
 var webhookKey = []byte("dedupe-soak-standard-webhooks-k!")
@@ -40,6 +45,10 @@ type httpKind struct {
 	server func(ctx context.Context, e *env, pool *pgxpool.Pool) (http.Handler, error)
 	// request builds one delivery of id to addr.
 	request func(ctx context.Context, addr, id string) (*http.Request, error)
+	// final, when set, reports whether a response other than a 2xx ends the
+	// deliveries of an input all the same: the receiver marked it failed,
+	// and the provider, whose retries would end some day, stops now.
+	final func(status int, body []byte) bool
 }
 
 var webhookKind = httpKind{
@@ -51,6 +60,9 @@ var webhookKind = httpKind{
 		return newWebhookHandler(inbox, e, faultyHandler[webhook.Event](e, nil))
 	},
 	request: webhookRequest,
+	final: func(status int, body []byte) bool {
+		return status == http.StatusInternalServerError && strings.HasPrefix(string(body), "event marked failed")
+	},
 }
 
 // runHTTP soaks an HTTP transport: senders deliver every input to one of two
@@ -84,7 +96,7 @@ func runHTTP(ctx context.Context, e *env, inputs []string, kind httpKind) error 
 			}
 		},
 		feed: func(ctx context.Context) error {
-			err := sendAll(ctx, e, client, inputs, kind.request, func() string {
+			err := sendAll(ctx, e, client, inputs, kind, func() string {
 				for {
 					if t := targets[e.faults.intn(len(targets))].Load(); t != nil {
 						return *t
@@ -104,7 +116,7 @@ func runHTTP(ctx context.Context, e *env, inputs []string, kind httpKind) error 
 			if !delivered.Load() {
 				return false, nil
 			}
-			return e.effectsComplete(ctx)
+			return e.settledInDB(ctx)
 		},
 	})
 }
@@ -113,7 +125,7 @@ func newWebhookHandler(inbox *dedupe.Inbox, e *env, h dedupe.HandlerFunc[webhook
 	return webhook.NewStandard(inbox, webhook.StandardConfig{
 		Secrets: []string{"whsec_" + base64.StdEncoding.EncodeToString(webhookKey)},
 		Config: webhook.Config{
-			Endpoint:    e.scope,
+			Endpoint:    webhookEndpoint,
 			LockTimeout: 2 * time.Second,
 			RetryAfter:  time.Second,
 			Logger:      e.soak.libLog(),
@@ -143,16 +155,16 @@ func serveWebhook(ctx context.Context, addr string, h http.Handler, listening fu
 	}
 }
 
-// sendAll posts every input with -workers senders until each got a 2xx.
-func sendAll(ctx context.Context, e *env, client *http.Client, inputs []string,
-	request func(ctx context.Context, addr, id string) (*http.Request, error), target func() string) error {
+// sendAll posts every input with -workers senders until each got a 2xx (or
+// a final answer).
+func sendAll(ctx context.Context, e *env, client *http.Client, inputs []string, kind httpKind, target func() string) error {
 	work := make(chan string)
 	var wg sync.WaitGroup
 	for range e.soak.opts.workers {
 		wg.Go(func() {
 			for id := range work {
 				for resend := true; resend; {
-					if !deliver(ctx, e, client, id, request, target) {
+					if !deliver(ctx, e, client, id, kind, target) {
 						return
 					}
 					resend = e.faults.hit(faultRedeliver)
@@ -171,23 +183,29 @@ func sendAll(ctx context.Context, e *env, client *http.Client, inputs []string,
 	return nil
 }
 
-// deliver posts one input until a server accepts it (2xx); false when ctx
-// ended first.
-func deliver(ctx context.Context, e *env, client *http.Client, id string,
-	request func(ctx context.Context, addr, id string) (*http.Request, error), target func() string) bool {
+// deliver posts one input until a server accepts it (2xx) or gives a final
+// answer; false when ctx ended first.
+func deliver(ctx context.Context, e *env, client *http.Client, id string, kind httpKind, target func() string) bool {
 	for ctx.Err() == nil {
 		addr := target()
 		if addr == "" {
 			return false
 		}
-		req, err := request(ctx, addr, id)
+		req, err := kind.request(ctx, addr, id)
 		if err != nil {
 			return false
 		}
 		resp, err := client.Do(req)
 		if err == nil {
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
 			_ = resp.Body.Close()
 			if resp.StatusCode/100 == 2 {
+				return true
+			}
+			if kind.final != nil && kind.final(resp.StatusCode, body) {
+				if !e.designedToFail(id) {
+					e.soak.log.Error("soak: an input not designed to fail was marked failed", "id", id)
+				}
 				return true
 			}
 			if resp.StatusCode/100 == 4 && resp.StatusCode != http.StatusConflict {

@@ -149,8 +149,10 @@ func startWorker(e *env, args []string) (*exec.Cmd, io.WriteCloser, io.ReadClose
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	cmd := exec.Command(exe, append([]string{"-dsn", o.dsn, "-schema", e.soak.schema, "-transport", e.name,
-		"-app", e.app, "-lease", o.lease.String()}, args...)...)
+	cmd := exec.Command(exe, append([]string{"-dsn", e.dsn, "-schema", e.soak.schema, "-transport", e.name,
+		"-app", e.app, "-lease", o.lease.String(), "-starved-lease", o.starvedLease.String(),
+		"-starved-conns", strconv.Itoa(o.starvedConns), "-slow", o.slow.String(),
+		"-max-attempts", strconv.Itoa(o.maxAttempts), "-poison-attempts", strconv.Itoa(o.poisonAttempts)}, args...)...)
 	cmd.Env = append(os.Environ(), workerEnv+"=1")
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
@@ -179,6 +181,11 @@ func workerMain(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	fs.StringVar(&name, "transport", "handle", "the transport whose processor to run")
 	fs.StringVar(&app, "app", "dedupe-soak-worker", "application_name of the connections")
 	fs.DurationVar(&o.lease, "lease", 300*time.Millisecond, "lease of the leased transport")
+	fs.DurationVar(&o.starvedLease, "starved-lease", 150*time.Millisecond, "lease of the starved transport")
+	fs.IntVar(&o.starvedConns, "starved-conns", 2, "pool of the starved transport")
+	fs.DurationVar(&o.slow, "slow", 0, "handler time of the starved transport")
+	fs.IntVar(&o.maxAttempts, "max-attempts", 10, "attempt limit of the transports with inputs designed to fail")
+	fs.IntVar(&o.poisonAttempts, "poison-attempts", 3, "attempt limit of the poison transport")
 	var fl childFlags
 	fl.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -190,7 +197,8 @@ func workerMain(ctx context.Context, args []string, stdin io.Reader, stdout, std
 		return exitError
 	}
 	s := &soak{opts: o, schema: schema, log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))}
-	e := &env{soak: s, name: name, scope: "soak-" + name, app: app, faults: newFaults(0, [numFaults]float64{})}
+	e := newEnv(s, tr, app, newFaults(0, [numFaults]float64{}))
+	e.child = true
 	if tr.child != nil {
 		err := childMain(stdin, stdout, func(ctx context.Context, say func(verb, arg string)) error {
 			return tr.child(ctx, e, &fl, say)
@@ -201,7 +209,11 @@ func workerMain(ctx context.Context, args []string, stdin io.Reader, stdout, std
 		}
 		return exitOK
 	}
-	pool, err := e.consumerPool(ctx, workerWindow)
+	conns := e.conns
+	if conns == 0 {
+		conns = workerWindow
+	}
+	pool, err := e.consumerPool(ctx, conns)
 	if err != nil {
 		fmt.Fprintln(stderr, "soak worker:", err)
 		return exitError
