@@ -129,6 +129,11 @@ type HandlerError struct {
 	Key      Key
 	Attempt  int  // the attempt that failed, starting at 1
 	Poisoned bool // the key is now marked failed
+	// Recorded is true when the failed attempt was counted in the inbox:
+	// its record committed. It is false when the attempt is not counted
+	// (a shutdown, or a connection lost before the record committed), so
+	// the message may run more than MaxAttempts times.
+	Recorded bool
 	Err      error
 }
 

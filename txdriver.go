@@ -154,7 +154,7 @@ func (d *txDriver) report(ctx context.Context, claim *Claim, herr error, poisone
 	if attempts > 0 {
 		claim.Attempt = attempts
 	}
-	he := &HandlerError{Key: key, Attempt: claim.Attempt, Err: herr, Poisoned: poisoned}
+	he := &HandlerError{Key: key, Attempt: claim.Attempt, Err: herr, Poisoned: poisoned, Recorded: true}
 	if poisoned {
 		log.ErrorContext(ctx, "dedupe: key marked failed", "scope", key.Scope, "key", key.ID,
 			"attempts", claim.Attempt, "err", herr)

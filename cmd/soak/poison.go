@@ -78,21 +78,13 @@ func runPoison(ctx context.Context, e *env, inputs []string) error {
 }
 
 // attemptRecorded reports whether err, from Consumer.Handle, says that the
-// handler failed (errInjected, or a panic) and that its attempt was recorded.
+// handler failed and that its attempt was recorded (HandlerError.Recorded).
 // When the failure record could not commit (the connection was lost under
-// it), Handle joins the database's error to the handler's: the attempt may
-// be uncounted, as the core documents, and the run is not counted here
-// either.
+// it), the attempt may be uncounted, as the core documents, and the run is
+// not counted here either.
 func attemptRecorded(err error) bool {
 	var he *dedupe.HandlerError
-	if !errors.As(err, &he) {
-		return false
-	}
-	if he.Err == errInjected {
-		return true
-	}
-	_, panicked := he.Err.(*dedupe.PanicError)
-	return panicked
+	return errors.As(err, &he) && he.Recorded
 }
 
 // attemptLog counts, per key, the runs of the poison transport's handler and,
