@@ -71,7 +71,8 @@ func newBatchConsumer[M any](inbox *Inbox, cfg ConsumerConfig[M], each HandlerFu
 		return nil, err
 	}
 	b := &BatchConsumer[M]{txDriver: d, cfg: cfg, each: each, all: all}
-	b.one = &Consumer[M]{txDriver: d, cfg: cfg, handler: b.runOne}
+	// The batch's Observer calls cover these per-message transactions too.
+	b.one = &Consumer[M]{txDriver: d, cfg: cfg, handler: b.runOne, unobserved: true}
 	return b, nil
 }
 
@@ -112,8 +113,30 @@ func (b *BatchConsumer[M]) HandleBatch(ctx context.Context, msgs []M) []BatchRes
 		keys[n] = k
 		valid = append(valid, n)
 	}
-	if len(valid) > 0 {
+	if len(valid) == 0 {
+		return res
+	}
+	if b.inbox.cfg.Observer == nil {
 		b.handle(ctx, msgs, keys, valid, res)
+		return res
+	}
+	dones := make([]func(Outcome, int, error), len(valid))
+	for j, n := range valid {
+		var m *MessageInfo
+		if b.cfg.Describe != nil {
+			info := b.cfg.Describe(msgs[n])
+			m = &info
+		}
+		_, dones[j] = b.inbox.observe(ctx, keys[n], "batch", m)
+	}
+	b.handle(ctx, msgs, keys, valid, res)
+	for j, n := range valid {
+		attempt := 0
+		var he *HandlerError
+		if errors.As(res[n].Err, &he) {
+			attempt = he.Attempt
+		}
+		dones[j](res[n].Outcome, attempt, res[n].Err)
 	}
 	return res
 }

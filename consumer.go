@@ -45,14 +45,20 @@ type ConsumerConfig[M any] struct {
 	// TxRetries is how often a transaction aborted by a serialization failure
 	// or deadlock is run again before the error is returned. Defaults to 3.
 	TxRetries int
+	// Describe tells the inbox's Observer what a transport knows of msg
+	// (subject, partition, delivery count, headers with the trace context).
+	// Transport adapters set it. Defaults to none: the Observer then uses
+	// the MessageInfo in the context (WithMessageInfo), if any.
+	Describe func(msg M) MessageInfo
 }
 
 // Consumer runs a handler at most once per message key, with the claim and
 // the handler's effects in one transaction. It is safe for concurrent use.
 type Consumer[M any] struct {
 	txDriver
-	cfg     ConsumerConfig[M]
-	handler HandlerFunc[M]
+	cfg        ConsumerConfig[M]
+	handler    HandlerFunc[M]
+	unobserved bool // a BatchConsumer's fallback: the batch reports it
 }
 
 // NewConsumer returns a Consumer that runs h for each new message.
@@ -164,17 +170,48 @@ func (c *Consumer[M]) HandleKey(ctx context.Context, key Key, msg M) (Outcome, e
 	if err := c.inbox.reentrant(ctx, key); err != nil {
 		return 0, err
 	}
+	done := nopDone
+	if !c.unobserved {
+		ctx, done = c.inbox.observe(ctx, key, "transactional", c.describe(msg))
+	}
 	for try := 0; ; try++ {
-		outcome, err := c.attempt(ctx, key, msg)
+		outcome, attempt, err := c.attempt(ctx, key, msg)
 		if errors.Is(err, ErrRetryable) && try < c.cfg.TxRetries && ctx.Err() == nil {
 			continue
 		}
+		done(outcome, attempt, err)
 		return outcome, err
 	}
 }
 
-// attempt runs one transaction of Handle.
-func (c *Consumer[M]) attempt(ctx context.Context, key Key, msg M) (Outcome, error) {
+// describe is the MessageInfo of msg for the Observer: ConsumerConfig.Describe's,
+// or none (the Observer then looks in the context).
+func (c *Consumer[M]) describe(msg M) *MessageInfo {
+	if c.cfg.Describe == nil || c.inbox.cfg.Observer == nil {
+		return nil
+	}
+	m := c.cfg.Describe(msg)
+	return &m
+}
+
+// attempt runs one transaction of Handle and reports the attempt number it
+// claimed (0 when it made no claim).
+func (c *Consumer[M]) attempt(ctx context.Context, key Key, msg M) (Outcome, int, error) {
+	var claim *Claim
+	o, err := c.attemptClaim(ctx, key, msg, &claim)
+	n := 0
+	var he *HandlerError
+	switch {
+	case errors.As(err, &he):
+		n = he.Attempt
+	case claim != nil:
+		n = claim.Attempt
+	}
+	return o, n, err
+}
+
+// attemptClaim runs one transaction of Handle, leaving its claim in *cp.
+func (c *Consumer[M]) attemptClaim(ctx context.Context, key Key, msg M, cp **Claim) (Outcome, error) {
 	inbox := c.inbox
 	req := inbox.newClaimReq(key, StateComplete, c.maxAttempts)
 	b := c.beginBatch()
@@ -191,6 +228,7 @@ func (c *Consumer[M]) attempt(ctx context.Context, key Key, msg M) (Outcome, err
 	if err != nil {
 		return inFlightOr(err)
 	}
+	*cp = claim
 	switch claim.Outcome {
 	case OutcomeClaimed:
 	case OutcomePoisoned:

@@ -100,6 +100,10 @@ type Config struct {
 	Clock func() time.Time
 	// Logger receives the inbox's logs. Defaults to slog.Default().
 	Logger *slog.Logger
+	// Observer is told of every claim, handling, lease renewal, purge and
+	// outbox publish, for metrics and traces (see Observer and the
+	// dedupeotel module). Defaults to nil: nothing is observed, at no cost.
+	Observer Observer
 }
 
 // withDefaults returns a copy of c with every zero field defaulted, or a
@@ -164,7 +168,6 @@ func (c *Config) now() *time.Time {
 	t := c.Clock()
 	return &t
 }
-
 
 // qualifiedTable returns the quoted, optionally schema-qualified table.
 func (c *Config) qualifiedTable(name string) string {
@@ -294,6 +297,15 @@ type Claim struct {
 	pending  *Result   // set by SetResult inside a Consumer handler
 	deadline time.Time // the lease's end on this process's monotonic clock
 	inbox    *Inbox    // the inbox that made the claim (re-entrance check)
+	obsDone  func(Outcome, int, error)
+}
+
+// observed ends a leased claim's handling for the Observer, once.
+func (c *Claim) observed(o Outcome, err error) {
+	if c.obsDone != nil {
+		c.obsDone(o, c.Attempt, err)
+		c.obsDone = nil
+	}
 }
 
 // LeaseLeft is how long this attempt may still count on its lease: the

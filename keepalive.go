@@ -69,6 +69,9 @@ func (i *Inbox) KeepAlive(ctx context.Context, c *Claim, interval time.Duration)
 			if rctx.Err() != nil {
 				return // stopped: not a failed renewal
 			}
+			if obs := i.cfg.Observer; obs != nil {
+				obs.LeaseRenewed(ctx, claim.Key, err)
+			}
 			h.mu.Lock()
 			switch {
 			case err == nil:
@@ -82,6 +85,9 @@ func (i *Inbox) KeepAlive(ctx context.Context, c *Claim, interval time.Duration)
 				}
 				h.err = err
 				h.mu.Unlock()
+				if obs := i.cfg.Observer; obs != nil {
+					obs.LeaseLost(ctx, claim.Key, err)
+				}
 				close(h.lost)
 				return
 			}

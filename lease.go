@@ -37,6 +37,26 @@ func (i *Inbox) Begin(ctx context.Context, key Key) (*Claim, error) {
 		return nil, err
 	}
 	req := i.newClaimReq(key, StateInFlight, i.cfg.maxAttemptsParam())
+	ctx, done := i.observe(ctx, key, "leased", nil)
+	c, err := i.begin(ctx, key, req)
+	switch {
+	case err != nil:
+		done(inFlightOutcome(err), 0, err)
+	case c.Outcome == OutcomeClaimed:
+		c.obsDone = done // reported by Complete or Fail
+	default:
+		done(c.Outcome, c.Attempt, c.Outcome.Err())
+	}
+	return c, err
+}
+
+// inFlightOutcome is the outcome an error of Begin reports to the Observer.
+func inFlightOutcome(err error) Outcome {
+	o, _ := inFlightOr(err)
+	return o
+}
+
+func (i *Inbox) begin(ctx context.Context, key Key, req *claimReq) (*Claim, error) {
 	var c *Claim
 	err := i.idempotent(ctx, "Begin", key, func() error {
 		b := &pgx.Batch{}
@@ -96,7 +116,11 @@ func (i *Inbox) Complete(ctx context.Context, c *Claim, result Result) error {
 	if err := mustHold(c, "Complete"); err != nil {
 		return err
 	}
-	return i.idempotent(ctx, "Complete", c.Key, func() error { return i.complete(ctx, i.db, c, result) })
+	err := i.idempotent(ctx, "Complete", c.Key, func() error { return i.complete(ctx, i.db, c, result) })
+	if err == nil {
+		c.observed(OutcomeClaimed, nil)
+	}
+	return err
 }
 
 // CompleteTx is Complete inside the caller's transaction (or any Querier), so
@@ -107,7 +131,11 @@ func (i *Inbox) CompleteTx(ctx context.Context, q Querier, c *Claim, result Resu
 	if err := mustHold(c, "Complete"); err != nil {
 		return err
 	}
-	return i.complete(ctx, q, c, result)
+	err := i.complete(ctx, q, c, result)
+	if err == nil {
+		c.observed(OutcomeClaimed, nil) // as far as this process knows: q's commit is the caller's
+	}
+	return err
 }
 
 func (i *Inbox) complete(ctx context.Context, q Querier, c *Claim, result Result) error {
@@ -153,7 +181,15 @@ func (i *Inbox) Fail(ctx context.Context, c *Claim, cause error) (poisoned bool,
 		}
 		return translate(err)
 	})
-	return err == nil && State(state) == StateFailed, err
+	poisoned = err == nil && State(state) == StateFailed
+	if err == nil {
+		o := OutcomeRetry
+		if poisoned {
+			o = OutcomePoisoned
+		}
+		c.observed(o, cause)
+	}
+	return poisoned, err
 }
 
 // Extend renews the lease of a leased claim to d from now on the database's

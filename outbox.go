@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"strings"
 	"time"
 
@@ -136,6 +137,17 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Querier, msg Message) (string, 
 	}
 	if err := msg.validate(); err != nil {
 		return "", err
+	}
+	if obs := o.cfg.Observer; obs != nil {
+		// The Observer may add the trace context to the headers.
+		msg.Headers = maps.Clone(msg.Headers)
+		if msg.Headers == nil {
+			msg.Headers = map[string][]string{}
+		}
+		obs.Enqueued(ctx, &msg)
+		if len(msg.Headers) == 0 {
+			msg.Headers = nil
+		}
 	}
 	var headers []byte
 	if msg.Headers != nil {

@@ -88,5 +88,8 @@ func (o *Outbox) Discard(ctx context.Context, id, by, reason string) (*Discarded
 	}
 	o.cfg.Logger.WarnContext(ctx, "dedupe: outbox message discarded", "id", m.ID, "topic", m.Topic, "key", m.Key,
 		"attempts", m.Attempt, "last_error", m.LastError, "by", by, "reason", reason, "at", at)
+	if obs := o.cfg.Observer; obs != nil {
+		obs.Discarded(ctx, m, by, reason)
+	}
 	return &DiscardedMessage{OutboxMessage: *m, DiscardedAt: at, DiscardedBy: by, DiscardReason: reason}, nil
 }

@@ -144,7 +144,7 @@ var sqlOutboxMarkPublished = `UPDATE {{outbox}} o SET published_at = (SELECT ` +
 WHERE o.id = ANY($1)`
 
 // sqlOutboxMarkPublishedLag is sqlOutboxMarkPublished returning each row's
-// lag from enqueue to confirmation in seconds, for RelayHooks.Published.
+// lag from enqueue to confirmation in seconds, for the Observer.
 var sqlOutboxMarkPublishedLag = sqlOutboxMarkPublished + `
 RETURNING o.id, extract(epoch FROM o.published_at - o.created_at)::float8`
 

@@ -19,6 +19,14 @@ func (i *Inbox) Purge(ctx context.Context, olderThan time.Duration) (int64, erro
 	return i.PurgeProgress(ctx, olderThan, nil)
 }
 
+// purged tells the Observer about a purge.
+func (i *Inbox) purged(ctx context.Context, n int64, err error) (int64, error) {
+	if obs := i.cfg.Observer; obs != nil {
+		obs.Purged(ctx, n, err)
+	}
+	return n, err
+}
+
 // PurgeProgress is Purge calling progress (when not nil) with the running
 // total after every batch. Expiry is judged on the database's clock. A
 // negative olderThan is refused with a *ConfigError: it would delete keys
@@ -30,11 +38,11 @@ func (i *Inbox) PurgeProgress(ctx context.Context, olderThan time.Duration, prog
 	var total int64
 	for {
 		if err := ctx.Err(); err != nil {
-			return total, err
+			return i.purged(ctx, total, err)
 		}
 		tag, err := i.db.Exec(ctx, i.q.purge, i.cfg.now(), olderThan, i.cfg.PurgeBatchSize)
 		if err != nil {
-			return total, translate(err)
+			return i.purged(ctx, total, translate(err))
 		}
 		n := tag.RowsAffected()
 		total += n
@@ -42,7 +50,7 @@ func (i *Inbox) PurgeProgress(ctx context.Context, olderThan time.Duration, prog
 			progress(total)
 		}
 		if n < int64(i.cfg.PurgeBatchSize) {
-			return total, nil
+			return i.purged(ctx, total, nil)
 		}
 	}
 }

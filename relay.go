@@ -13,21 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// RelayHooks receive the relay's metrics. Every hook is optional and is
-// called from the relay's goroutine: keep it fast.
-type RelayHooks struct {
-	// Queued reports the outbox's unpublished rows every
-	// RelayConfig.StatsInterval.
-	Queued func(s OutboxStats)
-	// Published is called for each message the broker confirmed, with the
-	// lag from enqueue to the recording of the confirmation, on the
-	// database's clock.
-	Published func(msg *OutboxMessage, lag time.Duration)
-	// Failed is called for each failed publish; parked says the message was
-	// parked by it.
-	Failed func(msg *OutboxMessage, err error, parked bool)
-}
-
 // Defaults of RelayConfig.
 const (
 	DefaultRelayBatchSize       = 100
@@ -100,14 +85,16 @@ type RelayConfig struct {
 	// discarded rows past Retention, in batches of the Config's
 	// PurgeBatchSize. Defaults to 1m.
 	CleanupInterval time.Duration
-	// StatsInterval is how often Hooks.Queued is called. Defaults to 15s.
+	// StatsInterval is how often the Observer's OutboxQueued is called.
+	// Defaults to 15s.
 	StatsInterval time.Duration
 	// ShutdownTimeout bounds how long Run, once its context is cancelled,
 	// waits for the batch in flight to be confirmed and recorded. Defaults
 	// to 10s.
 	ShutdownTimeout time.Duration
-	// Hooks receive metrics. Defaults to none.
-	Hooks RelayHooks
+	// Observer is told of every publish, park and the outbox's backlog.
+	// Defaults to the outbox's Config.Observer.
+	Observer Observer
 	// Logger receives the relay's logs. Defaults to the outbox's
 	// Config.Logger.
 	Logger *slog.Logger
@@ -136,6 +123,9 @@ func (c RelayConfig) withDefaults(o *Outbox, pub Publisher) (RelayConfig, error)
 	def(&c.CleanupInterval, DefaultRelayCleanupInterval)
 	def(&c.StatsInterval, DefaultRelayStatsInterval)
 	def(&c.ShutdownTimeout, DefaultRelayShutdownTimeout)
+	if c.Observer == nil {
+		c.Observer = o.cfg.Observer
+	}
 	if c.Logger == nil {
 		c.Logger = o.cfg.Logger
 	}
@@ -249,10 +239,10 @@ func (r *Relay) Run(ctx context.Context) error {
 				r.cfg.Logger.WarnContext(ctx, "dedupe: outbox cleanup failed", "err", err)
 			}
 		}
-		if now := time.Now(); r.cfg.Hooks.Queued != nil && !now.Before(nextStats) {
+		if now := time.Now(); r.cfg.Observer != nil && !now.Before(nextStats) {
 			nextStats = now.Add(r.cfg.StatsInterval)
 			if s, err := r.ob.Stats(ctx); err == nil {
-				r.cfg.Hooks.Queued(s)
+				r.cfg.Observer.OutboxQueued(ctx, s)
 			}
 		}
 
@@ -344,22 +334,24 @@ func (r *Relay) cycle(ctx context.Context) (res cycleResult, err error) {
 	}
 	res.claimed = len(batch)
 
+	obs := r.startPublish(ctx, batch)
 	confirmed, failures := r.publish(ctx, batch)
 	res.published, res.failed = len(confirmed), len(failures)
 	counted, outage := r.judge(ctx, len(confirmed), failures)
 	rec, err := r.record(ctx, tx, confirmed, counted)
+	if err == nil {
+		err = translate(tx.Commit(ctx))
+	}
 	if err != nil {
+		obs.fail(batch, err)
 		return res, err
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return res, translate(err)
-	}
-	r.report(ctx, rec)
+	r.report(ctx, rec, obs)
 	if len(outage) > 0 {
 		// The broker is down (or we are shutting down): those rows are left
 		// as they were for a later cycle.
 		for _, f := range outage {
-			r.hookFailed(f.msg, f.err, false)
+			obs.done(f.msg, PublishDone{Err: f.err})
 		}
 		return res, &PublishError{Failed: len(outage), Err: outage[0].err}
 	}

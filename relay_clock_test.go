@@ -71,7 +71,7 @@ func TestRelayDecisionsIgnoreASkewedApplicationClock(t *testing.T) {
 				)
 				relay, err := dedupe.NewRelay(ob, rec, dedupe.RelayConfig{DisableListen: true, MinBackoff: 300 * time.Millisecond,
 					MaxBackoff: 300 * time.Millisecond, Retention: time.Hour, Logger: testLogger(t),
-					Hooks: dedupe.RelayHooks{Published: func(_ *dedupe.OutboxMessage, lag time.Duration) {
+					Observer: relayHooks{Published: func(_ *dedupe.OutboxMessage, lag time.Duration) {
 						mu.Lock()
 						lags = append(lags, lag)
 						mu.Unlock()

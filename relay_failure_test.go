@@ -33,7 +33,7 @@ func TestRelayLoneFailingMessageCountsItsAttemptsAndParks(t *testing.T) {
 	})
 	var parked atomic.Int32
 	relay := b.relay(t, rec, dedupe.RelayConfig{MaxAttempts: 3, MinBackoff: time.Second, MaxBackoff: 4 * time.Second,
-		Hooks: dedupe.RelayHooks{Failed: func(_ *dedupe.OutboxMessage, _ error, p bool) {
+		Observer: relayHooks{Failed: func(_ *dedupe.OutboxMessage, _ error, p bool) {
 			if p {
 				parked.Add(1)
 			}
@@ -92,7 +92,7 @@ func TestRelayLoneFailureDoesNotPauseTheRelay(t *testing.T) {
 	failed := make(chan bool, 16)
 	relay := b.relay(t, rec, dedupe.RelayConfig{MaxAttempts: 1, MinBackoff: 10 * time.Second, MaxBackoff: 10 * time.Second,
 		PollInterval: 50 * time.Millisecond,
-		Hooks:        dedupe.RelayHooks{Failed: func(_ *dedupe.OutboxMessage, _ error, parked bool) { failed <- parked }}})
+		Observer:     relayHooks{Failed: func(_ *dedupe.OutboxMessage, _ error, parked bool) { failed <- parked }}})
 	runRelay(t, relay)
 	b.enqueue(t, dedupe.Message{Topic: "nowhere", Key: "a"})
 	select {

@@ -15,7 +15,7 @@ import (
 // recorded is what record wrote, for report once it committed.
 type recorded struct {
 	confirmed []*OutboxMessage
-	lags      map[int64]time.Duration // by Seq, when Hooks.Published is set
+	lags      map[int64]time.Duration // by Seq, when an Observer is set
 	failures  []failure
 	parked    []bool // per failure
 }
@@ -53,9 +53,9 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, confirmed []*OutboxMessag
 }
 
 // markPublished marks (or deletes) the confirmed rows, reading their lags
-// from the database when the Published hook wants them.
+// from the database when an Observer wants them.
 func (r *Relay) markPublished(ctx context.Context, tx pgx.Tx, ids []int64, now *time.Time, rec *recorded) error {
-	if r.cfg.Hooks.Published == nil {
+	if r.cfg.Observer == nil {
 		q, args := r.ob.q.markPublished, []any{ids, now}
 		if r.cfg.DeletePublished {
 			q, args = r.ob.q.deletePublished, args[:1]
@@ -83,15 +83,13 @@ func (r *Relay) markPublished(ctx context.Context, tx pgx.Tx, ids []int64, now *
 	return translate(err)
 }
 
-// report calls the hooks and logs the failures of a committed outcome.
-func (r *Relay) report(ctx context.Context, rec recorded) {
-	if r.cfg.Hooks.Published != nil {
-		for _, m := range rec.confirmed {
-			r.cfg.Hooks.Published(m, rec.lags[m.Seq])
-		}
+// report tells the Observer and logs the outcome of a committed batch.
+func (r *Relay) report(ctx context.Context, rec recorded, obs publishObs) {
+	for _, m := range rec.confirmed {
+		obs.done(m, PublishDone{Lag: rec.lags[m.Seq]})
 	}
 	for i, f := range rec.failures {
-		r.hookFailed(f.msg, f.err, rec.parked[i])
+		obs.done(f.msg, PublishDone{Err: f.err, Parked: rec.parked[i]})
 		if rec.parked[i] {
 			r.cfg.Logger.ErrorContext(ctx, "dedupe: outbox message parked", "id", f.msg.ID, "topic", f.msg.Topic,
 				"key", f.msg.Key, "attempts", f.msg.Attempt, "err", f.err)
@@ -102,8 +100,34 @@ func (r *Relay) report(ctx context.Context, rec recorded) {
 	}
 }
 
-func (r *Relay) hookFailed(m *OutboxMessage, err error, parked bool) {
-	if r.cfg.Hooks.Failed != nil {
-		r.cfg.Hooks.Failed(m, err, parked)
+// publishObs holds the Observer's done of each message of a batch being
+// published (by Seq); without an Observer it is nil and does nothing.
+type publishObs map[int64]func(PublishDone)
+
+// startPublish tells the Observer the batch's publishes start.
+func (r *Relay) startPublish(ctx context.Context, batch []*OutboxMessage) publishObs {
+	if r.cfg.Observer == nil {
+		return nil
+	}
+	obs := make(publishObs, len(batch))
+	for _, m := range batch {
+		_, obs[m.Seq] = r.cfg.Observer.StartPublish(ctx, m)
+	}
+	return obs
+}
+
+// done ends m's publish for the Observer.
+func (o publishObs) done(m *OutboxMessage, d PublishDone) {
+	if f := o[m.Seq]; f != nil {
+		f(d)
+		delete(o, m.Seq)
+	}
+}
+
+// fail ends every publish not ended yet with err: the batch's outcome did not
+// commit, so each message is published again later.
+func (o publishObs) fail(batch []*OutboxMessage, err error) {
+	for _, m := range batch {
+		o.done(m, PublishDone{Err: err})
 	}
 }

@@ -137,7 +137,7 @@ func TestRelayRetriesThenParksAndHoldsTheKey(t *testing.T) {
 	})
 	var failed, parkedHook atomic.Int32
 	relay := b.relay(t, rec, dedupe.RelayConfig{MaxAttempts: 3, MinBackoff: time.Second, MaxBackoff: 4 * time.Second,
-		Hooks: dedupe.RelayHooks{Failed: func(_ *dedupe.OutboxMessage, err error, parked bool) {
+		Observer: relayHooks{Failed: func(_ *dedupe.OutboxMessage, err error, parked bool) {
 			failed.Add(1)
 			if parked {
 				parkedHook.Add(1)
@@ -322,14 +322,14 @@ func TestRelayPollingFallbackAndHooks(t *testing.T) {
 		lags     []time.Duration
 		failures int
 	)
-	hooks := dedupe.RelayHooks{
+	hooks := relayHooks{
 		Queued:    func(s dedupe.OutboxStats) { mu.Lock(); queued = append(queued, s); mu.Unlock() },
 		Published: func(_ *dedupe.OutboxMessage, lag time.Duration) { mu.Lock(); lags = append(lags, lag); mu.Unlock() },
 		Failed:    func(*dedupe.OutboxMessage, error, bool) { mu.Lock(); failures++; mu.Unlock() },
 	}
 	b.enqueue(t, dedupe.Message{Topic: "t"}, dedupe.Message{Topic: "t"}, dedupe.Message{Topic: "t", Payload: []byte("fail")})
 	runRelay(t, b.relay(t, rec, dedupe.RelayConfig{DisableListen: true, PollInterval: 30 * time.Millisecond,
-		StatsInterval: 10 * time.Millisecond, MinBackoff: time.Hour, MaxBackoff: time.Hour, Hooks: hooks}))
+		StatsInterval: 10 * time.Millisecond, MinBackoff: time.Hour, MaxBackoff: time.Hour, Observer: hooks}))
 	waitFor(t, 5*time.Second, "polled publish and stats", func() bool {
 		mu.Lock()
 		defer mu.Unlock()

@@ -5,6 +5,7 @@ package outboxtest
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -48,3 +49,21 @@ func Enqueue(t testing.TB, db dedupe.DB, ob *dedupe.Outbox, msgs ...dedupe.Messa
 	}
 	return ids
 }
+
+// FailedPublishes is an Observer that counts the relay's failed publishes.
+type FailedPublishes struct {
+	dedupe.NopObserver
+	n atomic.Int32
+}
+
+// StartPublish counts the publish if it fails.
+func (f *FailedPublishes) StartPublish(ctx context.Context, _ *dedupe.OutboxMessage) (context.Context, func(dedupe.PublishDone)) {
+	return ctx, func(d dedupe.PublishDone) {
+		if d.Err != nil {
+			f.n.Add(1)
+		}
+	}
+}
+
+// Load returns how many publishes failed.
+func (f *FailedPublishes) Load() int32 { return f.n.Load() }

@@ -311,10 +311,10 @@ func TestOutboxPublisherBrokerDownThenAllArrive(t *testing.T) {
 	}
 	t.Cleanup(nc.Close)
 	e := outboxSetup(t, nc)
-	var failures atomic.Int32
+	var failures outboxtest.FailedPublishes
 	relay, err := dedupe.NewRelay(e.outbox, e.pub, dedupe.RelayConfig{PollInterval: 50 * time.Millisecond,
 		PublishTimeout: 500 * time.Millisecond, MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, MaxAttempts: 2,
-		Hooks: dedupe.RelayHooks{Failed: func(*dedupe.OutboxMessage, error, bool) { failures.Add(1) }}})
+		Observer: &failures})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,300 @@
+package dedupe
+
+import (
+	"context"
+	"time"
+)
+
+// Observer is told what the library does, for metrics, traces and logs: the
+// one seam through which every part reports (the core, the transport
+// adapters, the outbox relay). Every method takes the context of the
+// operation, so an implementation can join the caller's trace. Methods are
+// called on the hot path: keep them fast and never block. Embed NopObserver
+// to implement only some of them. A nil Observer (the default) costs nothing.
+//
+// The dedupeotel module implements it with OpenTelemetry spans and metrics.
+type Observer interface {
+	// StartHandle is called when a message's handling starts (Consumer,
+	// BatchConsumer: once per message; leased mode: at Begin). The context
+	// it returns is the one the claim and the handler run with (so a span
+	// started here is the parent of the handler's own spans); done is called
+	// once, when the handling ended, with what it came to.
+	StartHandle(ctx context.Context, h HandleInfo) (_ context.Context, done func(HandleDone))
+	// LeaseRenewed reports a renewal of a leased claim by KeepAlive; err is
+	// nil for a renewal that succeeded.
+	LeaseRenewed(ctx context.Context, key Key, err error)
+	// LeaseLost reports a leased claim that KeepAlive gave up on.
+	LeaseLost(ctx context.Context, key Key, err error)
+	// Purged reports a purge (Inbox.Purge): the keys deleted, or its error.
+	Purged(ctx context.Context, deleted int64, err error)
+	// Enqueued is called for a message being enqueued in the outbox, before
+	// it is written: it may add headers to msg (the trace context), which are
+	// stored and published with it.
+	Enqueued(ctx context.Context, msg *Message)
+	// StartPublish is called when the relay publishes an outbox message; done
+	// is called once with the publish's error (nil when the broker
+	// confirmed it), whether the failure parked the message, and for a
+	// confirmed message the lag from its enqueue to the confirmation,
+	// measured by the database.
+	StartPublish(ctx context.Context, msg *OutboxMessage) (_ context.Context, done func(PublishDone))
+	// Discarded reports an outbox message an operator discarded.
+	Discarded(ctx context.Context, msg *OutboxMessage, by, reason string)
+	// OutboxQueued reports the outbox's unpublished messages, every
+	// RelayConfig.StatsInterval.
+	OutboxQueued(ctx context.Context, s OutboxStats)
+	// TransportEvent reports what a transport adapter did with a message
+	// beyond the claim: an acknowledgement that failed, a message terminated
+	// or dead-lettered, offsets committed, a partition paused.
+	TransportEvent(ctx context.Context, e TransportEvent)
+}
+
+// HandleInfo describes a message whose handling starts.
+type HandleInfo struct {
+	Key Key
+	// Mode is "transactional" (Consumer), "batch" (BatchConsumer) or
+	// "leased" (Begin).
+	Mode string
+	// Message is what the transport adapter knows of the message (see
+	// WithMessageInfo); its zero value outside an adapter.
+	Message MessageInfo
+}
+
+// HandleDone is what a message's handling came to.
+type HandleDone struct {
+	Outcome Outcome
+	// Attempt is the attempt number (0 when no claim was made).
+	Attempt int
+	// Err is the error Handle returned (nil for claimed and duplicate).
+	Err error
+	// Duration is the time from StartHandle to the end, commit included.
+	Duration time.Duration
+}
+
+// PublishDone is what an outbox publish came to.
+type PublishDone struct {
+	Err    error
+	Parked bool
+	// Lag is the time from the message's enqueue to the broker's
+	// confirmation, on the database's clock (0 for a failed publish).
+	Lag time.Duration
+}
+
+// MessageInfo is what a transport adapter knows of a message, reported with
+// its handling. Its fields follow OpenTelemetry's messaging conventions.
+type MessageInfo struct {
+	// System is the transport: "nats", "kafka", "webhook", "http".
+	System string
+	// Destination is the subject, topic or endpoint.
+	Destination string
+	// ID is the message's id at the transport (Nats-Msg-Id, the delivery
+	// id), which may differ from its dedup key.
+	ID string
+	// Group is the consumer group, durable consumer or endpoint name.
+	Group string
+	// Partition and Offset locate a Kafka message (-1 elsewhere).
+	Partition int
+	Offset    int64
+	// Delivery is the broker's delivery count, from 1 (0 when unknown).
+	Delivery int
+	// Headers are the message's headers, for the trace context; nil when the
+	// transport has none.
+	Headers Headers
+}
+
+// Headers are a message's headers as a trace propagator reads and writes
+// them: the interface of OpenTelemetry's propagation.TextMapCarrier, so no
+// tracing library is needed to implement it.
+type Headers interface {
+	Get(key string) string
+	Set(key, value string)
+	Keys() []string
+}
+
+// MapHeaders adapts map[string][]string (http.Header, nats.Header, the
+// outbox's Message.Headers) to Headers. Keys are used as given.
+type MapHeaders map[string][]string
+
+// Get returns the first value of key.
+func (h MapHeaders) Get(key string) string {
+	if v := h[key]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+// Set sets key to the single value.
+func (h MapHeaders) Set(key, value string) { h[key] = []string{value} }
+
+// Keys lists the keys.
+func (h MapHeaders) Keys() []string {
+	out := make([]string, 0, len(h))
+	for k := range h {
+		out = append(out, k)
+	}
+	return out
+}
+
+// TransportEvent is something a transport adapter did with a message.
+type TransportEvent struct {
+	// Name says what: "ack_failed", "terminated", "dead_lettered",
+	// "dead_letter_failed", "released", "offsets_committed",
+	// "offset_commit_failed", "partition_paused", "retried".
+	Name    string
+	Key     Key
+	Message MessageInfo
+	Err     error
+	// Count is how many messages or partitions the event covers (1 unless
+	// it says otherwise: offsets committed for several partitions).
+	Count int
+}
+
+type messageInfoKey struct{}
+
+// WithMessageInfo returns ctx carrying m, for the Observer: a transport
+// adapter calls it before handing a message to a Consumer.
+func WithMessageInfo(ctx context.Context, m MessageInfo) context.Context {
+	return context.WithValue(ctx, messageInfoKey{}, m)
+}
+
+// MessageInfoFrom returns the MessageInfo in ctx, or its zero value.
+func MessageInfoFrom(ctx context.Context) MessageInfo {
+	m, _ := ctx.Value(messageInfoKey{}).(MessageInfo)
+	return m
+}
+
+// NopObserver does nothing; embed it to implement part of Observer.
+type NopObserver struct{}
+
+var _ Observer = NopObserver{}
+
+// StartHandle returns ctx and a done that does nothing.
+func (NopObserver) StartHandle(ctx context.Context, _ HandleInfo) (context.Context, func(HandleDone)) {
+	return ctx, func(HandleDone) {}
+}
+
+// LeaseRenewed does nothing.
+func (NopObserver) LeaseRenewed(context.Context, Key, error) {}
+
+// LeaseLost does nothing.
+func (NopObserver) LeaseLost(context.Context, Key, error) {}
+
+// Purged does nothing.
+func (NopObserver) Purged(context.Context, int64, error) {}
+
+// Enqueued does nothing.
+func (NopObserver) Enqueued(context.Context, *Message) {}
+
+// StartPublish returns ctx and a done that does nothing.
+func (NopObserver) StartPublish(ctx context.Context, _ *OutboxMessage) (context.Context, func(PublishDone)) {
+	return ctx, func(PublishDone) {}
+}
+
+// Discarded does nothing.
+func (NopObserver) Discarded(context.Context, *OutboxMessage, string, string) {}
+
+// OutboxQueued does nothing.
+func (NopObserver) OutboxQueued(context.Context, OutboxStats) {}
+
+// TransportEvent does nothing.
+func (NopObserver) TransportEvent(context.Context, TransportEvent) {}
+
+// Observers fans every call out to each of obs, in order; nil entries are
+// skipped.
+func Observers(obs ...Observer) Observer {
+	var out multiObserver
+	for _, o := range obs {
+		if o != nil {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+type multiObserver []Observer
+
+func (m multiObserver) StartHandle(ctx context.Context, h HandleInfo) (context.Context, func(HandleDone)) {
+	dones := make([]func(HandleDone), len(m))
+	for n, o := range m {
+		ctx, dones[n] = o.StartHandle(ctx, h)
+	}
+	return ctx, func(d HandleDone) {
+		for n := len(dones) - 1; n >= 0; n-- {
+			dones[n](d)
+		}
+	}
+}
+
+func (m multiObserver) LeaseRenewed(ctx context.Context, key Key, err error) {
+	for _, o := range m {
+		o.LeaseRenewed(ctx, key, err)
+	}
+}
+
+func (m multiObserver) LeaseLost(ctx context.Context, key Key, err error) {
+	for _, o := range m {
+		o.LeaseLost(ctx, key, err)
+	}
+}
+
+func (m multiObserver) Purged(ctx context.Context, n int64, err error) {
+	for _, o := range m {
+		o.Purged(ctx, n, err)
+	}
+}
+
+func (m multiObserver) Enqueued(ctx context.Context, msg *Message) {
+	for _, o := range m {
+		o.Enqueued(ctx, msg)
+	}
+}
+
+func (m multiObserver) StartPublish(ctx context.Context, msg *OutboxMessage) (context.Context, func(PublishDone)) {
+	dones := make([]func(PublishDone), len(m))
+	for n, o := range m {
+		ctx, dones[n] = o.StartPublish(ctx, msg)
+	}
+	return ctx, func(d PublishDone) {
+		for n := len(dones) - 1; n >= 0; n-- {
+			dones[n](d)
+		}
+	}
+}
+
+func (m multiObserver) Discarded(ctx context.Context, msg *OutboxMessage, by, reason string) {
+	for _, o := range m {
+		o.Discarded(ctx, msg, by, reason)
+	}
+}
+
+func (m multiObserver) OutboxQueued(ctx context.Context, s OutboxStats) {
+	for _, o := range m {
+		o.OutboxQueued(ctx, s)
+	}
+}
+
+func (m multiObserver) TransportEvent(ctx context.Context, e TransportEvent) {
+	for _, o := range m {
+		o.TransportEvent(ctx, e)
+	}
+}
+
+// observe starts observing a handling with i's Observer, if any; m is what
+// the transport knows of the message (nil: the context's). The returned done
+// is never nil.
+func (i *Inbox) observe(ctx context.Context, key Key, mode string, m *MessageInfo) (context.Context, func(Outcome, int, error)) {
+	obs := i.cfg.Observer
+	if obs == nil {
+		return ctx, nopDone
+	}
+	if m == nil {
+		info := MessageInfoFrom(ctx)
+		m = &info
+	}
+	start := time.Now()
+	ctx, done := obs.StartHandle(ctx, HandleInfo{Key: key, Mode: mode, Message: *m})
+	return ctx, func(o Outcome, attempt int, err error) {
+		done(HandleDone{Outcome: o, Attempt: attempt, Err: err, Duration: time.Since(start)})
+	}
+}
+
+func nopDone(Outcome, int, error) {}

@@ -1,0 +1,194 @@
+package dedupe_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/dedupe"
+)
+
+// relayHooks is an Observer for the relay tests: funcs called for the
+// outbox's backlog, each confirmed publish (with its lag) and each failed one.
+type relayHooks struct {
+	dedupe.NopObserver
+	Queued    func(dedupe.OutboxStats)
+	Published func(*dedupe.OutboxMessage, time.Duration)
+	Failed    func(*dedupe.OutboxMessage, error, bool)
+}
+
+func (h relayHooks) OutboxQueued(_ context.Context, s dedupe.OutboxStats) {
+	if h.Queued != nil {
+		h.Queued(s)
+	}
+}
+
+func (h relayHooks) StartPublish(ctx context.Context, m *dedupe.OutboxMessage) (context.Context, func(dedupe.PublishDone)) {
+	return ctx, func(d dedupe.PublishDone) {
+		switch {
+		case d.Err == nil && h.Published != nil:
+			h.Published(m, d.Lag)
+		case d.Err != nil && h.Failed != nil:
+			h.Failed(m, d.Err, d.Parked)
+		}
+	}
+}
+
+// obsRecorder is an Observer that records what it is told.
+type obsRecorder struct {
+	dedupe.NopObserver
+	mu       sync.Mutex
+	started  []dedupe.HandleInfo
+	done     []dedupe.HandleDone
+	renewed  int
+	lost     int
+	purged   []int64
+	enqueued int
+}
+
+type ctxMark struct{}
+
+func (r *obsRecorder) StartHandle(ctx context.Context, h dedupe.HandleInfo) (context.Context, func(dedupe.HandleDone)) {
+	r.mu.Lock()
+	r.started = append(r.started, h)
+	r.mu.Unlock()
+	return context.WithValue(ctx, ctxMark{}, h.Key.ID), func(d dedupe.HandleDone) {
+		r.mu.Lock()
+		r.done = append(r.done, d)
+		r.mu.Unlock()
+	}
+}
+
+func (r *obsRecorder) LeaseRenewed(context.Context, dedupe.Key, error) {
+	r.mu.Lock()
+	r.renewed++
+	r.mu.Unlock()
+}
+
+func (r *obsRecorder) Purged(_ context.Context, n int64, _ error) {
+	r.mu.Lock()
+	r.purged = append(r.purged, n)
+	r.mu.Unlock()
+}
+
+func (r *obsRecorder) Enqueued(_ context.Context, m *dedupe.Message) {
+	r.mu.Lock()
+	r.enqueued++
+	r.mu.Unlock()
+	m.Headers["traceparent"] = []string{"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+}
+
+func (r *obsRecorder) outcomes() []dedupe.Outcome {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []dedupe.Outcome
+	for _, d := range r.done {
+		out = append(out, d.Outcome)
+	}
+	return out
+}
+
+// TestObserverSeesEveryHandling: the Observer is told when each handling
+// starts (with the transport's MessageInfo, its context reaching the
+// handler) and what it came to, in transactional, batch and leased mode.
+func TestObserverSeesEveryHandling(t *testing.T) {
+	t.Parallel()
+	rec := &obsRecorder{}
+	b := setup(t, dedupe.Config{Observer: rec})
+	ctx := context.Background()
+	var sawMark bool
+	c := newConsumer(t, b, dedupe.ConsumerConfig[order]{
+		Describe: func(o order) dedupe.MessageInfo {
+			return dedupe.MessageInfo{System: "test", Destination: "orders", ID: "msg-" + o.ID}
+		},
+	}, func(ctx context.Context, tx pgx.Tx, o order) error {
+		sawMark = ctx.Value(ctxMark{}) == o.ID
+		if o.ID == "bad" {
+			return errors.New("bad")
+		}
+		return insertEffect(ctx, tx, o)
+	})
+	for _, id := range []string{"o1", "o1", "bad"} {
+		_, _ = c.Handle(ctx, order{ID: id})
+	}
+	want := []dedupe.Outcome{dedupe.OutcomeClaimed, dedupe.OutcomeDuplicate, dedupe.OutcomeRetry}
+	if got := rec.outcomes(); len(got) != 3 || got[0] != want[0] || got[1] != want[1] || got[2] != want[2] {
+		t.Fatalf("outcomes = %v, want %v", got, want)
+	}
+	if !sawMark {
+		t.Fatal("the handler did not run in the Observer's context")
+	}
+	rec.mu.Lock()
+	if h := rec.started[0]; h.Mode != "transactional" || h.Message.ID != "msg-o1" || h.Key.ID != "o1" {
+		t.Fatalf("start = %+v", h)
+	}
+	if d := rec.done[2]; d.Attempt != 1 || d.Err == nil || d.Duration <= 0 {
+		t.Fatalf("failed done = %+v", d)
+	}
+	rec.mu.Unlock()
+
+	bc := newBatchConsumer(t, b, dedupe.ConsumerConfig[order]{}, nil)
+	bc.HandleBatch(ctx, []order{{ID: "b1"}, {ID: "o1"}})
+	lc, err := b.inbox.Begin(ctx, dedupe.Key{Scope: "jobs", ID: "l1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.inbox.Complete(ctx, lc, dedupe.Result{}); err != nil {
+		t.Fatal(err)
+	}
+	got := rec.outcomes()
+	want = append(want, dedupe.OutcomeClaimed, dedupe.OutcomeDuplicate, dedupe.OutcomeClaimed)
+	if len(got) != len(want) {
+		t.Fatalf("outcomes = %v, want %v", got, want)
+	}
+	for n := range want {
+		if got[n] != want[n] {
+			t.Fatalf("outcomes = %v, want %v", got, want)
+		}
+	}
+	rec.mu.Lock()
+	modes := []string{rec.started[3].Mode, rec.started[5].Mode}
+	rec.mu.Unlock()
+	if modes[0] != "batch" || modes[1] != "leased" {
+		t.Fatalf("modes = %v", modes)
+	}
+}
+
+// TestObserverSeesPurgesAndEnqueues: purges are reported, and an Observer's
+// headers (the trace context) are stored with an outbox message.
+func TestObserverSeesPurgesAndEnqueues(t *testing.T) {
+	t.Parallel()
+	rec := &obsRecorder{}
+	b := setup(t, dedupe.Config{Observer: rec})
+	ctx := context.Background()
+	if _, err := b.inbox.Purge(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := dedupe.NewOutbox(b.db.Pool, &dedupe.Config{Observer: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id string
+	if err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		id, err = ob.Enqueue(ctx, tx, dedupe.Message{Topic: "t", Headers: map[string][]string{"a": {"b"}}})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var headers map[string][]string
+	if err := b.db.Pool.QueryRow(ctx, `SELECT headers FROM dedupe_outbox WHERE message_id = $1`, id).Scan(&headers); err != nil {
+		t.Fatal(err)
+	}
+	if headers["traceparent"] == nil || headers["a"][0] != "b" {
+		t.Fatalf("stored headers = %v", headers)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.purged) != 1 || rec.enqueued != 1 {
+		t.Fatalf("purged %v, enqueued %d", rec.purged, rec.enqueued)
+	}
+}
