@@ -212,10 +212,25 @@ func mayHaveApplied(err error) bool {
 		return false
 	}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) || errors.Is(err, pgx.ErrTxClosed) {
+	if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) || errors.Is(err, pgx.ErrTxClosed) ||
+		errors.Is(err, pgx.ErrNoRows) || isRefusal(err) {
 		return false
 	}
 	return !pgconn.SafeToRetry(err)
+}
+
+// refusals are the sentinels of answers the server gave (a statement that
+// ran and changed nothing, a key in another state): never a lost reply.
+var refusals = []error{ErrLeaseLost, ErrNotFound, ErrInFlight, ErrConflict, ErrPoisoned, ErrInvalidKey,
+	ErrInvalidConfig, ErrNotMigrated, ErrRetryable, ErrReentrant, ErrTxEnded, ErrTxOwned, ErrOutcomeUnknown}
+
+func isRefusal(err error) bool {
+	for _, r := range refusals {
+		if errors.Is(err, r) {
+			return true
+		}
+	}
+	return false
 }
 
 // translate maps pgx errors onto the package's sentinels, keeping the
