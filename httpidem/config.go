@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -20,6 +21,9 @@ const (
 	DefaultTenant           = "default"
 	DefaultMaxRequestBytes  = 1 << 20
 	DefaultMaxResponseBytes = 1 << 20
+	// DefaultLockTimeout is how long a request waits, in transactional mode,
+	// for a concurrent request holding the same key before it answers 409.
+	DefaultLockTimeout = 100 * time.Millisecond
 	// MaxKeyLen is the longest Idempotency-Key accepted, in characters.
 	MaxKeyLen = 255
 	// ReplayedHeader is set to "true" on every replayed response.
@@ -32,6 +36,41 @@ var DefaultMethods = []string{http.MethodPost, http.MethodPatch}
 // DefaultStoredHeaders are the response headers stored with a key and
 // replayed by default.
 var DefaultStoredHeaders = []string{"Content-Type", "Content-Encoding", "Content-Language", "Location", "ETag", "Last-Modified", "Link"}
+
+// Mode is how the middleware holds a key while its handler runs.
+type Mode int
+
+const (
+	// Transactional claims the key inside the request's transaction, the one
+	// Tx returns: the claim, the handler's writes and the stored response
+	// commit together, in one transaction with one WAL flush, and BEGIN, the
+	// claim and the read of an existing key cost one round trip. A
+	// concurrent request with the same key waits for the holder at most
+	// Config.LockTimeout and then answers 409; a process that dies
+	// mid-request rolls its claim back with everything else. The default:
+	// use it whenever the handler's effects are rows written through Tx.
+	Transactional Mode = iota
+	// Leased commits the claim on its own before the handler runs, as in
+	// flight with a lease (Config.Inbox.Lease), and completes it afterwards
+	// with the stored response (in the handler's transaction, if it opened
+	// one with Tx): for handlers with effects outside the database (calls
+	// to other APIs) or that run too long to hold a transaction open. A
+	// concurrent duplicate answers 409 at once; a process that dies
+	// mid-request blocks the key until its lease ends. It costs a second
+	// commit (and WAL flush) per new key.
+	Leased
+)
+
+// String returns the mode's name.
+func (m Mode) String() string {
+	switch m {
+	case Transactional:
+		return "transactional"
+	case Leased:
+		return "leased"
+	}
+	return "Mode(" + strconv.Itoa(int(m)) + ")"
+}
 
 // ServerErrorPolicy says what happens to the key when the handler answers
 // 5xx or panics. Either way the handler's transaction is rolled back.
@@ -70,10 +109,20 @@ const BodyOmittedHeader = "Idempotent-Body-Omitted"
 // Config configures the Middleware. The zero value is usable.
 type Config struct {
 	// Inbox configures the table that stores the keys. Its Table defaults
-	// to "dedupe_http_keys", its Lease (how long an in-flight key blocks
-	// retries) to 90s, its Retention (how long a key is replayed) to 24h and
+	// to "dedupe_http_keys", its Lease (in leased mode, how long an
+	// in-flight key blocks retries; in both modes, how long the handler may
+	// run) to 90s, its Retention (how long a key is replayed) to 24h and
 	// its MaxAttempts to no limit; its other fields default as in dedupe.
 	Inbox dedupe.Config
+	// Mode is how the key is held while the handler runs. Defaults to
+	// Transactional; override per route with Middleware.Leased and
+	// Middleware.Transactional.
+	Mode Mode
+	// LockTimeout bounds, in transactional mode, how long a request waits
+	// for a concurrent request that holds its key before answering 409. It
+	// bounds the claim only: the handler's own statements wait for locks as
+	// the connection's lock_timeout says. Defaults to 100ms.
+	LockTimeout time.Duration
 	// Methods are the request methods the middleware applies to; others
 	// pass straight through. Defaults to POST and PATCH.
 	Methods []string
@@ -106,17 +155,39 @@ type Config struct {
 	// StoreServerErrors.
 	ServerErrors ServerErrorPolicy
 	// StoredHeaders are the response headers stored and replayed. Defaults
-	// to DefaultStoredHeaders.
+	// to DefaultStoredHeaders. Set-Cookie (a session handed to whoever
+	// replays the key) and hop-by-hop headers (Connection, Keep-Alive,
+	// Proxy-Authenticate, Proxy-Authorization, Proxy-Connection, TE, Trailer,
+	// Transfer-Encoding, Upgrade: they describe one connection, not the
+	// response) are refused.
 	StoredHeaders []string
-	// TxOptions are the options of the transaction Tx begins (isolation
-	// level, read-only). Defaults to the database's defaults (read
-	// committed).
+	// TxOptions are the options of the request transaction (isolation
+	// level, read-only). In transactional mode the claim is written in it,
+	// so read-only is refused, and its BEGIN is sent in a pipeline, so a
+	// BeginQuery must be one statement. Defaults to the database's defaults
+	// (read committed).
 	TxOptions pgx.TxOptions
 	// ErrorHandler writes the middleware's own refusals. Defaults to
 	// WriteError (application/problem+json).
 	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
 	// Logger receives the middleware's logs. Defaults to slog.Default().
 	Logger *slog.Logger
+}
+
+// unstorableHeaders are the response headers StoredHeaders refuses, with
+// the reason.
+var unstorableHeaders = map[string]string{
+	"Set-Cookie":          "a replay would hand the first client's cookies to whoever sends the key",
+	"Set-Cookie2":         "a replay would hand the first client's cookies to whoever sends the key",
+	"Connection":          "hop-by-hop header",
+	"Keep-Alive":          "hop-by-hop header",
+	"Proxy-Authenticate":  "hop-by-hop header",
+	"Proxy-Authorization": "hop-by-hop header",
+	"Proxy-Connection":    "hop-by-hop header",
+	"Te":                  "hop-by-hop header",
+	"Trailer":             "hop-by-hop header",
+	"Transfer-Encoding":   "hop-by-hop header",
+	"Upgrade":             "hop-by-hop header",
 }
 
 func (c *Config) withDefaults() (Config, error) {
@@ -170,9 +241,18 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	stored := make([]string, len(out.StoredHeaders))
 	for i, h := range out.StoredHeaders {
-		stored[i] = http.CanonicalHeaderKey(h)
+		stored[i] = http.CanonicalHeaderKey(strings.TrimSpace(h))
+		if reason, bad := unstorableHeaders[stored[i]]; bad {
+			return out, &ConfigError{Field: "StoredHeaders", Reason: stored[i] + " must not be stored: " + reason}
+		}
+		if stored[i] == "" {
+			return out, &ConfigError{Field: "StoredHeaders", Reason: "holds an empty name"}
+		}
 	}
 	out.StoredHeaders = stored
+	if out.LockTimeout == 0 {
+		out.LockTimeout = DefaultLockTimeout
+	}
 	if out.ErrorHandler == nil {
 		out.ErrorHandler = WriteError
 	}
@@ -185,6 +265,12 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, &ConfigError{Field: "Oversize", Reason: "unknown policy"}
 	case out.ServerErrors != StoreServerErrors && out.ServerErrors != RetryServerErrors:
 		return out, &ConfigError{Field: "ServerErrors", Reason: "unknown policy"}
+	case out.Mode != Transactional && out.Mode != Leased:
+		return out, &ConfigError{Field: "Mode", Reason: "unknown mode"}
+	case out.LockTimeout < 0:
+		return out, &ConfigError{Field: "LockTimeout", Reason: "must be positive"}
+	case out.Mode == Transactional && out.TxOptions.AccessMode == pgx.ReadOnly:
+		return out, &ConfigError{Field: "TxOptions", Reason: "read-only in transactional mode, where the claim is written in the request transaction"}
 	}
 	return out, nil
 }

@@ -25,7 +25,8 @@ var (
 	// ErrRequestTooLarge (413): the body is over Config.MaxRequestBytes.
 	ErrRequestTooLarge = errors.New("httpidem: request body too large")
 	// ErrInFlight (409): a request with the same key is still being
-	// processed. Nothing is recorded against the key; retry later.
+	// processed (in transactional mode: it did not finish within
+	// Config.LockTimeout). Nothing is recorded against the key; retry later.
 	ErrInFlight = errors.New("httpidem: a request with this Idempotency-Key is in flight")
 	// ErrKeyReused (422): the key was used before with a different request
 	// (method, path or body). This is a client bug: use a new key.
@@ -45,9 +46,24 @@ var (
 	// ErrStore (503): the idempotency store (PostgreSQL) failed. Nothing is
 	// recorded against the key; retry later.
 	ErrStore = errors.New("httpidem: idempotency store unavailable")
+	// ErrOutcomeUnknown (503): the connection broke after the request's
+	// COMMIT was sent, and the middleware could not learn on a fresh
+	// connection whether it committed. It never means "rolled back": retry
+	// with the same key, and a committed request answers with its stored
+	// response. It matches dedupe.ErrOutcomeUnknown.
+	ErrOutcomeUnknown = errors.New("httpidem: the request may or may not have been committed; retry with the same key")
 	// ErrTxManaged: a handler called Commit or Rollback on the transaction
-	// from Tx; the middleware ends it.
+	// from Tx; the middleware ends it. The refusal matches
+	// dedupe.ErrTxOwned too.
 	ErrTxManaged = errors.New("httpidem: the request transaction is ended by the middleware")
+	// ErrTxEnded (500): the request transaction was ended behind the
+	// middleware's back (a COMMIT or ROLLBACK sent as a statement, or
+	// through Conn()) or aborted by a failed statement whose error the
+	// handler ignored. Statements sent through Tx after the end are refused
+	// with it instead of running outside any transaction, and the request
+	// is answered as if the handler had answered 500. The refusal matches
+	// dedupe.ErrTxEnded too.
+	ErrTxEnded = errors.New("httpidem: the request transaction was ended or aborted behind the middleware's back")
 	// ErrNoTx: Tx was called outside a request handled by the middleware.
 	ErrNoTx = errors.New("httpidem: no idempotent request in context")
 
@@ -129,6 +145,8 @@ var statusOf = []struct {
 	{ErrKeyReused, http.StatusUnprocessableEntity},
 	{ErrKeyFailed, http.StatusUnprocessableEntity},
 	{ErrStore, http.StatusServiceUnavailable},
+	{ErrOutcomeUnknown, http.StatusServiceUnavailable},
+	{ErrTxEnded, http.StatusInternalServerError},
 	{ErrPreconditionRequired, http.StatusPreconditionRequired},
 	{ErrPreconditionFailed, http.StatusPreconditionFailed},
 	{ErrNotFound, http.StatusNotFound},

@@ -69,6 +69,22 @@ func ExampleMiddleware_Required() {
 	}
 }
 
+// A handler whose effect is a call to another API runs in leased mode: the
+// claim commits first, so a duplicate answers 409 at once while the call is
+// in flight, and a process that dies mid-call frees the key when its lease
+// ends. The key derived for the call stays the same on every retry.
+func ExampleMiddleware_Leased() {
+	var idem *httpidem.Middleware // from httpidem.New
+	charge := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := httpidem.ClaimFromContext(r.Context()).DerivedKey("charge")
+		_ = key // the Idempotency-Key of the call to the payment provider
+		w.WriteHeader(http.StatusCreated)
+	})
+	if idem != nil {
+		http.NewServeMux().Handle("POST /payments", idem.Leased().Handler(charge))
+	}
+}
+
 // PostJSON sends one logical operation; the Transport retries it with the
 // same Idempotency-Key, here after the server answered 503 once.
 func ExamplePostJSON() {

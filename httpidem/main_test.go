@@ -12,12 +12,16 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/exactlyonce/dedupe/httpidem"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
+	"github.com/exactlyonce/dedupe/internal/pgproxy"
 )
 
 func TestMain(m *testing.M) { dbtest.VerifyTestMain(m) }
@@ -26,13 +30,15 @@ func TestMain(m *testing.M) { dbtest.VerifyTestMain(m) }
 type order struct {
 	CartID     string `json:"cart_id"`
 	TotalCents int    `json:"total_cents"`
-	Fail       bool   `json:"fail,omitempty"`  // insert, then answer 500
-	Panic      bool   `json:"panic,omitempty"` // insert, then panic
-	Block      bool   `json:"block,omitempty"` // insert, then wait on bundle.unblock
-	Kill       bool   `json:"kill,omitempty"`  // once per bundle: insert, then pg_terminate_backend the tx's connection
-	Big        int    `json:"big,omitempty"`   // pad the response with this many bytes
-	Abort      bool   `json:"abort,omitempty"` // once per bundle: insert, then panic(http.ErrAbortHandler)
-	WaitCtx    bool   `json:"wait,omitempty"`  // once per bundle: wait for the request context to end, then fail
+	Fail       bool   `json:"fail,omitempty"`   // insert, then answer 500
+	Panic      bool   `json:"panic,omitempty"`  // insert, then panic
+	Block      bool   `json:"block,omitempty"`  // insert, then wait on bundle.unblock
+	Kill       bool   `json:"kill,omitempty"`   // once per bundle: insert, then pg_terminate_backend the tx's connection
+	Big        int    `json:"big,omitempty"`    // pad the response with this many bytes
+	Abort      bool   `json:"abort,omitempty"`  // once per bundle: insert, then panic(http.ErrAbortHandler)
+	WaitCtx    bool   `json:"wait,omitempty"`   // once per bundle: wait for the request context to end, then fail
+	Late       int    `json:"late,omitempty"`   // once per bundle: insert, wait for the request context to end, answer this status
+	EndTx      string `json:"end_tx,omitempty"` // once per bundle: insert, send this statement, insert again
 }
 
 type created struct {
@@ -50,6 +56,10 @@ type bundle struct {
 	killed  atomic.Bool
 	aborted atomic.Bool
 	waited  atomic.Bool
+	lated   atomic.Bool
+	ended   atomic.Bool
+	endErr  atomic.Pointer[error]    // what the insert after EndTx returned
+	txErrs  atomic.Pointer[[2]error] // what Commit and Rollback returned
 	blocked chan struct{}
 	unblock chan struct{}
 }
@@ -118,6 +128,23 @@ func (b *bundle) createOrder(w http.ResponseWriter, r *http.Request) {
 		<-b.unblock
 	case in.Abort && b.aborted.CompareAndSwap(false, true):
 		panic(http.ErrAbortHandler)
+	case in.Late != 0 && b.lated.CompareAndSwap(false, true):
+		b.blocked <- struct{}{}
+		<-r.Context().Done()
+		w.WriteHeader(in.Late) // e.g. 408 or 499, after the client went away
+		return
+	case in.EndTx != "" && b.ended.CompareAndSwap(false, true):
+		if _, err := tx.Exec(r.Context(), in.EndTx); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		_, err := tx.Exec(r.Context(), `INSERT INTO orders (tenant_id, cart_id, total_cents) VALUES ($1, $2, $3)`,
+			r.Header.Get("X-Tenant-ID"), in.CartID+"-after", in.TotalCents)
+		b.endErr.Store(&err)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
 	case in.WaitCtx && b.waited.CompareAndSwap(false, true):
 		b.blocked <- struct{}{}
 		<-r.Context().Done()
@@ -136,8 +163,10 @@ func (b *bundle) createOrder(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if err := tx.Commit(r.Context()); !errors.Is(err, httpidem.ErrTxManaged) {
-		http.Error(w, fmt.Sprintf("Commit returned %v, want ErrTxManaged", err), http.StatusInternalServerError)
+	cerr, rerr := tx.Commit(r.Context()), tx.Rollback(r.Context())
+	b.txErrs.Store(&[2]error{cerr, rerr})
+	if !errors.Is(cerr, httpidem.ErrTxManaged) || !errors.Is(rerr, httpidem.ErrTxManaged) {
+		http.Error(w, fmt.Sprintf("Commit, Rollback returned %v, %v; want ErrTxManaged", cerr, rerr), http.StatusInternalServerError)
 		return
 	}
 	if in.Big > 0 {
@@ -216,6 +245,92 @@ func (w tWriter) Write(p []byte) (int, error) {
 	}
 	w.t.Log(strings.TrimSpace(line))
 	return len(p), nil
+}
+
+// modes are the middleware's modes; most guarantees are tested in both.
+var modes = []httpidem.Mode{httpidem.Transactional, httpidem.Leased}
+
+// forModes runs f as a parallel subtest per mode.
+func forModes(t *testing.T, f func(t *testing.T, mode httpidem.Mode)) {
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			f(t, mode)
+		})
+	}
+}
+
+// viaProxy points the bundle's handler at a new middleware (cfg) whose
+// pool's connections pass through a PostgreSQL-protocol proxy applying
+// policy.
+func (b *bundle) viaProxy(t *testing.T, policy pgproxy.Policy, cfg httpidem.Config) (*pgxpool.Pool, *pgproxy.Proxy) {
+	t.Helper()
+	host, err := pgproxy.Host(b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := pgproxy.Start(host, policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	u, err := p.URL(b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(context.Background(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if cfg.Inbox.Clock == nil {
+		cfg.Inbox.Clock = b.clock.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
+	if cfg.Tenant == nil {
+		cfg.Tenant = func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant-ID"), nil }
+	}
+	mw, err := httpidem.New(pool, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.handler = mw.Handler(http.HandlerFunc(b.createOrder))
+	return pool, p
+}
+
+// once returns a policy that applies action to the first message matching
+// match, and forwards everything else.
+func once(action pgproxy.Action, match func(pgproxy.Event) bool) pgproxy.Policy {
+	var done atomic.Bool
+	return func(ev pgproxy.Event) pgproxy.Action {
+		if match(ev) && done.CompareAndSwap(false, true) {
+			return action
+		}
+		return pgproxy.Forward
+	}
+}
+
+func isCommit(ev pgproxy.Event) bool { return ev.Kind == pgproxy.Commit }
+
+// refusalLog is an ErrorHandler that keeps the middleware's refusals.
+type refusalLog struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+func (l *refusalLog) handle(w http.ResponseWriter, r *http.Request, err error) {
+	l.mu.Lock()
+	l.errs = append(l.errs, err)
+	l.mu.Unlock()
+	httpidem.WriteError(w, r, err)
+}
+
+func (l *refusalLog) all() []error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]error(nil), l.errs...)
 }
 
 // together runs f in n goroutines released at the same instant and waits.

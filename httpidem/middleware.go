@@ -1,19 +1,34 @@
 // Package httpidem is the Idempotency-Key layer for HTTP APIs, on top of
-// dedupe's leased mode: net/http middleware for the server, a retrying
-// http.RoundTripper for the client, and ETag/If-Match helpers for
-// optimistic concurrency.
+// dedupe: net/http middleware for the server, a retrying http.RoundTripper
+// for the client, and ETag/If-Match helpers for optimistic concurrency.
 //
 // The middleware claims (tenant, Idempotency-Key) atomically before the
 // handler runs. A concurrent request with the same key gets 409 (nothing
 // recorded, retry later), the same key with a different request 422, and a
 // completed key the stored status, headers and body with
-// "Idempotent-Replayed: true". A handler that writes through Tx(ctx) has its
-// business rows and the stored response committed in one transaction; a 5xx
-// answer or a panic rolls its work back and stores the error response (see
-// ServerErrorPolicy). Responses are buffered and sent only after the commit.
-// In-flight keys hold a lease (90 s by default) so a process that died
-// mid-request does not block the key forever; keys are kept 24 h by default
-// and purged with Middleware.Purge or Middleware.RunPurger.
+// "Idempotent-Replayed: true". Responses are buffered and sent only after
+// the commit.
+//
+// In transactional mode (the default) the claim is inserted in the request's
+// transaction, the one Tx returns: the claim, the handler's writes and the
+// stored response commit together, in one transaction, and BEGIN and the
+// claim cost one round trip. A concurrent duplicate waits for the holder at
+// most Config.LockTimeout (100 ms by default) and then answers 409. In leased
+// mode (Config.Mode, Middleware.Leased), for handlers with effects outside
+// the database, the claim commits first as in flight with a lease (90 s by
+// default), so that a duplicate answers 409 at once and a process that died
+// mid-request blocks the key only until the lease ends; the handler's
+// transaction, if it opens one, commits with the stored response.
+//
+// In both modes a 5xx answer or a panic rolls the handler's work back and
+// stores the error response (see ServerErrorPolicy); a response written
+// after the request's context ended (the client went away) is not stored
+// and the key is released. A COMMIT whose reply was lost is resolved on a
+// fresh connection: a committed request answers with its response, one that
+// did not commit or cannot be resolved answers 503 (retryable), never
+// claiming that the work was rolled back when it may not have been. Keys are
+// kept 24 h by default and purged with Middleware.Purge or
+// Middleware.RunPurger.
 //
 // Responses over Config.MaxResponseBytes (1 MiB by default) are refused:
 // the work is rolled back, the key released and 500 answered
@@ -28,12 +43,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"runtime/debug"
 	"slices"
 	"strconv"
-	"time"
 
 	"github.com/exactlyonce/dedupe"
 	"github.com/jackc/pgx/v5"
@@ -42,10 +55,12 @@ import (
 // Middleware makes handlers idempotent per Idempotency-Key. It is safe for
 // concurrent use; build one and wrap every route with Handler.
 type Middleware struct {
-	inbox    *dedupe.Inbox
-	db       dedupe.DB
-	cfg      Config
-	required bool
+	inbox       *dedupe.Inbox
+	db          dedupe.DB
+	cfg         Config
+	required    bool
+	mode        Mode
+	lockTimeout string // Config.LockTimeout as a setting
 }
 
 // New returns a Middleware storing its keys through db (a *pgxpool.Pool).
@@ -64,7 +79,8 @@ func New(db dedupe.DB, cfg *Config) (*Middleware, error) {
 		return nil, fmt.Errorf("httpidem: %w", err)
 	}
 	c.Inbox = inbox.Config()
-	return &Middleware{inbox: inbox, db: db, cfg: c, required: c.KeyRequired}, nil
+	return &Middleware{inbox: inbox, db: db, cfg: c, required: c.KeyRequired, mode: c.Mode,
+		lockTimeout: lockTimeoutSetting(c.LockTimeout)}, nil
 }
 
 // Migrate creates or upgrades the key table (Config.Inbox). It is
@@ -87,6 +103,14 @@ func (m *Middleware) Required() *Middleware { c := *m; c.required = true; return
 // Optional returns a Middleware sharing m's store whose routes pass a
 // request without a key straight through.
 func (m *Middleware) Optional() *Middleware { c := *m; c.required = false; return &c }
+
+// Leased returns a Middleware sharing m's store whose routes run in leased
+// mode: for handlers with effects outside the database.
+func (m *Middleware) Leased() *Middleware { c := *m; c.mode = Leased; return &c }
+
+// Transactional returns a Middleware sharing m's store whose routes run in
+// transactional mode.
+func (m *Middleware) Transactional() *Middleware { c := *m; c.mode = Transactional; return &c }
 
 // Handler wraps next. Requests whose method is not in Config.Methods pass
 // straight through, and so do requests without a key on an optional route.
@@ -128,26 +152,37 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	key := dedupe.Key{Scope: tenant, ID: id, Fingerprint: m.cfg.Fingerprint(r, body)}
-	claim, err := m.inbox.Begin(r.Context(), key)
-	if err != nil {
-		if errors.Is(err, dedupe.ErrInvalidKey) {
-			// Only the tenant can be at fault here: the key was checked.
-			m.refuse(w, r, newError(http.StatusUnauthorized, ErrNoTenant, "invalid tenant", err))
-			return
-		}
+	var (
+		claim *dedupe.Claim
+		tx    pgx.Tx
+	)
+	if m.mode == Transactional {
+		tx, claim, err = m.claimTx(r.Context(), key)
+	} else {
+		claim, err = m.inbox.Begin(r.Context(), key)
+	}
+	switch {
+	case errors.Is(err, dedupe.ErrInvalidKey):
+		// Only the tenant can be at fault here: the key was checked.
+		m.refuse(w, r, newError(http.StatusUnauthorized, ErrNoTenant, "invalid tenant", err))
+		return
+	case errors.Is(err, dedupe.ErrInFlight):
+		// A concurrent request held the key past the lock timeout.
+		m.refuse(w, r, &Error{Status: http.StatusConflict, Err: ErrInFlight, Cause: err, RetryAfter: 1})
+		return
+	case err != nil:
 		m.cfg.Logger.ErrorContext(r.Context(), "httpidem: claim failed", "key", key.String(), "err", err)
 		m.refuse(w, r, &Error{Status: http.StatusServiceUnavailable, Err: ErrStore, Cause: err, RetryAfter: 1})
 		return
 	}
 	switch claim.Outcome {
 	case dedupe.OutcomeClaimed:
-		m.execute(w, r, next, claim, body)
+		m.execute(w, r, next, claim, tx, body)
 	case dedupe.OutcomeDuplicate:
 		replay(w, claim.Result)
 	case dedupe.OutcomeInFlight:
-		e := newError(http.StatusConflict, ErrInFlight, "", nil)
-		e.RetryAfter = 1 // the holder usually finishes soon; the lease bounds the wait
-		m.refuse(w, r, e)
+		// The holder usually finishes soon; its lease bounds the wait.
+		m.refuse(w, r, &Error{Status: http.StatusConflict, Err: ErrInFlight, RetryAfter: 1})
 	case dedupe.OutcomeConflict:
 		m.refuse(w, r, newError(http.StatusUnprocessableEntity, ErrKeyReused, "", nil))
 	default: // dedupe.OutcomePoisoned
@@ -206,56 +241,65 @@ func replay(w http.ResponseWriter, res *dedupe.Result) {
 	_, _ = w.Write(res.Body)
 }
 
-// execute runs the handler for a claimed key and settles the claim.
-func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, claim *dedupe.Claim, body []byte) {
+// execute runs the handler for a claimed key and settles the claim. tx is
+// the request transaction holding the claim in transactional mode, nil in
+// leased mode.
+func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, claim *dedupe.Claim, tx pgx.Tx, body []byte) {
 	req := &request{db: m.db, claim: claim, txOpts: m.cfg.TxOptions}
+	if tx != nil {
+		req.tx = newGuard(tx)
+	}
 	ctx, cancel := context.WithTimeout(context.WithValue(r.Context(), requestKey{}, req), m.cfg.Inbox.Lease)
 	defer cancel()
-	rec := newRecorder(m.cfg.MaxResponseBytes, m.cfg.Oversize == OversizeStoreHead)
+	rec := newRecorder(ctx, m.cfg.MaxResponseBytes, m.cfg.Oversize == OversizeStoreHead)
 	r = r.WithContext(ctx)
 	r.Body = io.NopCloser(bytes.NewReader(body))
 
 	panicked, aborted := m.run(rec, r, next)
-	tx := req.takeTx()
-	// Settling must finish even when the client went away, or the key would
-	// stay in flight until its lease ends.
-	sctx, scancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
-	defer scancel()
-	log := m.cfg.Logger.With("key", claim.Key.String())
+	late := rec.finish()
+	s := m.newSettlement(r.Context(), claim, req.finish())
+	defer s.cancel()
 
 	switch {
+	case s.status == txEnded || s.status == txBroken:
+		// Ended behind the middleware's back: what it committed, if
+		// anything, is not known from here.
+		s.ended(w, r)
 	case aborted:
 		// The handler asked net/http to abort the connection: no answer
 		// reaches the client, so nothing is stored and a retry executes.
-		rollback(sctx, tx)
-		m.release(sctx, claim, errors.New("handler aborted the response"), log)
-		panic(http.ErrAbortHandler)
+		s.abandon(errors.New("handler aborted the response"))
 	case panicked != nil:
-		rollback(sctx, tx)
-		rec = newRecorder(m.cfg.MaxResponseBytes, false)
+		rec = newRecorder(ctx, m.cfg.MaxResponseBytes, false)
 		WriteError(rec, r, panicked)
-		m.settleError(sctx, w, ctx.Err() != nil, claim, rec, panicked, log)
+		s.serverError(w, rec, panicked, late || ctx.Err() != nil)
+	case late:
+		// The response was decided after the request's context ended (the
+		// client went away, or the lease ran out): it is an artefact of the
+		// cancellation, not the operation's answer. Not stored; the retry
+		// executes.
+		s.log.InfoContext(s.ctx, "httpidem: response written after the request context ended; not stored, key released",
+			"status", rec.statusCode())
+		s.abandon(context.Cause(ctx))
+		rec.writeTo(w)
 	case rec.statusCode() >= 500:
-		rollback(sctx, tx)
-		m.settleError(sctx, w, ctx.Err() != nil, claim, rec, fmt.Errorf("handler answered %d", rec.statusCode()), log)
+		s.serverError(w, rec, fmt.Errorf("handler answered %d", rec.statusCode()), ctx.Err() != nil)
+	case s.status == txAborted:
+		// A statement failed and the handler answered as if it had not:
+		// its transaction cannot commit. Answered as a 500 of the handler.
+		rec = newRecorder(ctx, m.cfg.MaxResponseBytes, false)
+		err := newError(http.StatusInternalServerError, ErrTxEnded, "a statement of the request failed and its transaction was aborted", nil)
+		WriteError(rec, r, err)
+		s.serverError(w, rec, err, false)
 	case rec.oversize && m.cfg.Oversize == OversizeRefuse:
-		rollback(sctx, tx)
-		m.release(sctx, claim, ErrResponseTooLarge, log)
+		s.abandon(ErrResponseTooLarge)
 		m.refuse(w, r, newError(http.StatusInternalServerError, ErrResponseTooLarge,
 			fmt.Sprintf("the response is over %d bytes; its work was rolled back", m.cfg.MaxResponseBytes), nil))
 	default:
-		if err := m.commit(sctx, tx, claim, rec.result(m.cfg.StoredHeaders)); err != nil {
-			if errors.Is(err, dedupe.ErrLeaseLost) {
-				log.WarnContext(sctx, "httpidem: lease lost; work rolled back", "err", err)
-				m.refuse(w, r, newError(http.StatusConflict, ErrLeaseLost, "", err))
-				return
-			}
-			log.ErrorContext(sctx, "httpidem: commit failed; work rolled back", "err", err)
-			m.release(sctx, claim, err, log)
-			m.refuse(w, r, &Error{Status: http.StatusServiceUnavailable, Err: ErrStore, Cause: err, RetryAfter: 1})
-			return
-		}
-		rec.writeTo(w)
+		s.complete(w, r, rec)
+	}
+	if aborted {
+		panic(http.ErrAbortHandler)
 	}
 }
 
@@ -275,49 +319,6 @@ func (m *Middleware) run(rec *recorder, r *http.Request, next http.Handler) (pan
 	}()
 	next.ServeHTTP(rec, r)
 	return nil, false
-}
-
-// commit stores the result with the handler's work (in its transaction, if
-// it opened one) and commits.
-func (m *Middleware) commit(ctx context.Context, tx pgx.Tx, claim *dedupe.Claim, res dedupe.Result) error {
-	if tx == nil {
-		return m.inbox.Complete(ctx, claim, res)
-	}
-	if err := m.inbox.CompleteTx(ctx, tx, claim, res); err != nil {
-		rollback(ctx, tx)
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("httpidem: commit: %w", err)
-	}
-	return nil
-}
-
-// settleError handles a 5xx answer or a panic after the rollback: store the
-// error response (StoreServerErrors) or release the key. When the request's
-// context ended first (the client went away, or the lease ran out) the error
-// is an artefact of the cancellation, not the handler's answer: the key is
-// released so that the retry executes.
-func (m *Middleware) settleError(ctx context.Context, w http.ResponseWriter, canceled bool, claim *dedupe.Claim, rec *recorder, cause error, log *slog.Logger) {
-	if m.cfg.ServerErrors == RetryServerErrors || canceled {
-		m.release(ctx, claim, cause, log)
-		rec.writeTo(w)
-		return
-	}
-	if err := m.inbox.Complete(ctx, claim, rec.result(m.cfg.StoredHeaders)); err != nil {
-		log.ErrorContext(ctx, "httpidem: storing the error response failed", "err", err)
-		if !errors.Is(err, dedupe.ErrLeaseLost) {
-			m.release(ctx, claim, cause, log)
-		}
-	}
-	rec.writeTo(w)
-}
-
-// release frees the key at once so that a retry executes again.
-func (m *Middleware) release(ctx context.Context, claim *dedupe.Claim, cause error, log *slog.Logger) {
-	if _, err := m.inbox.Fail(ctx, claim, cause); err != nil && !errors.Is(err, dedupe.ErrLeaseLost) {
-		log.ErrorContext(ctx, "httpidem: releasing the key failed; it is held until its lease ends", "err", err)
-	}
 }
 
 func rollback(ctx context.Context, tx pgx.Tx) {

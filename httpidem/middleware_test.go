@@ -22,26 +22,39 @@ import (
 
 var cart = order{CartID: "cart-1", TotalCents: 1900}
 
-func TestConcurrentDuplicatesCreateOneOrder(t *testing.T) {
+func TestIdemConcurrentDuplicatesCreateOneOrder(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	const n = 8
-	replies := make([]reply, n)
-	together(n, func(i int) { replies[i] = b.post(t, "acme", "key-concurrent", cart) })
+	forModes(t, func(t *testing.T, mode httpidem.Mode) {
+		b := setup(t, httpidem.Config{Mode: mode})
+		const n = 8
+		replies := make([]reply, n)
+		together(n, func(i int) { replies[i] = b.post(t, "acme", "key-concurrent", cart) })
 
-	if got := b.orders(t, "acme"); got != 1 {
-		t.Fatalf("orders = %d, want exactly 1", got)
-	}
-	if got := b.calls.Load(); got != 1 {
-		t.Fatalf("handler ran %d times, want 1", got)
-	}
-	var fresh, replayed, inFlight int
-	var id int64
+		if got := b.orders(t, "acme"); got != 1 {
+			t.Fatalf("orders = %d, want exactly 1", got)
+		}
+		if got := b.calls.Load(); got != 1 {
+			t.Fatalf("handler ran %d times, want 1", got)
+		}
+		fresh, replayed, inFlight := countReplies(t, replies, http.StatusCreated)
+		if fresh != 1 || fresh+replayed+inFlight != n {
+			t.Fatalf("fresh 201 = %d, replayed 201 = %d, 409 = %d; want exactly one fresh 201", fresh, replayed, inFlight)
+		}
+		t.Logf("fresh %d, replayed %d, in flight %d", fresh, replayed, inFlight)
+	})
+}
+
+// countReplies sorts concurrent answers to one key into fresh and replayed
+// answers with status want (all of the same order) and 409s with
+// Retry-After; anything else fails the test.
+func countReplies(t *testing.T, replies []reply, want int) (fresh, replayed, inFlight int) {
+	t.Helper()
+	var body string
 	for _, r := range replies {
 		switch {
-		case r.status == http.StatusCreated && !r.replayed:
+		case r.status == want && !r.replayed:
 			fresh++
-		case r.status == http.StatusCreated && r.replayed:
+		case r.status == want && r.replayed:
 			replayed++
 		case r.status == http.StatusConflict:
 			inFlight++
@@ -50,18 +63,15 @@ func TestConcurrentDuplicatesCreateOneOrder(t *testing.T) {
 			}
 			continue
 		default:
-			t.Fatalf("unexpected answer %d %s", r.status, r.body)
+			t.Fatalf("unexpected answer %d replayed=%v %s", r.status, r.replayed, r.body)
 		}
-		if id == 0 {
-			id = r.id
-		} else if r.id != id {
-			t.Fatalf("two different order ids: %d and %d", id, r.id)
+		if body == "" {
+			body = string(r.body)
+		} else if string(r.body) != body {
+			t.Fatalf("two different answers: %s and %s", body, r.body)
 		}
 	}
-	if fresh != 1 || fresh+replayed+inFlight != n {
-		t.Fatalf("fresh 201 = %d, replayed 201 = %d, 409 = %d; want exactly one fresh 201", fresh, replayed, inFlight)
-	}
-	t.Logf("fresh %d, replayed %d, in flight %d", fresh, replayed, inFlight)
+	return fresh, replayed, inFlight
 }
 
 func TestReplayCarriesStoredResponse(t *testing.T) {
@@ -144,7 +154,10 @@ func TestSameKeyOtherTenantIsIndependent(t *testing.T) {
 	}
 }
 
-func TestServerErrorIsRolledBackStoredAndReplayed(t *testing.T) {
+// TestIdemServerErrorIsRolledBackStoredAndReplayed: a 5xx or a panic rolls
+// the handler's work back and stores the error response; concurrent
+// duplicates get it replayed (or 409), and the handler runs once.
+func TestIdemServerErrorIsRolledBackStoredAndReplayed(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name string
@@ -155,32 +168,41 @@ func TestServerErrorIsRolledBackStoredAndReplayed(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t)
-			first := b.post(t, "acme", "key-err", tc.in)
-			if first.status != http.StatusInternalServerError || first.replayed {
-				t.Fatalf("first = %d replayed=%v, want 500", first.status, first.replayed)
-			}
-			if got := b.orders(t, "acme"); got != 0 {
-				t.Fatalf("orders = %d after a 5xx, want 0 (rolled back)", got)
-			}
-			second := b.post(t, "acme", "key-err", tc.in)
-			if second.status != http.StatusInternalServerError || !second.replayed || string(second.body) != string(first.body) {
-				t.Fatalf("second = %d replayed=%v %q, want the stored 500 %q", second.status, second.replayed, second.body, first.body)
-			}
-			if got := b.calls.Load(); got != 1 {
-				t.Fatalf("handler ran %d times, want 1", got)
-			}
-			rec, err := b.mw.Inbox().Lookup(context.Background(), dedupe.Key{Scope: "acme", ID: "key-err"})
-			if err != nil || rec.State != dedupe.StateComplete || rec.Result.Status != 500 {
-				t.Fatalf("stored key = %+v, %v; want complete with 500", rec, err)
-			}
+			forModes(t, func(t *testing.T, mode httpidem.Mode) {
+				b := setup(t, httpidem.Config{Mode: mode})
+				const n = 6
+				replies := make([]reply, n)
+				together(n, func(i int) { replies[i] = b.post(t, "acme", "key-err", tc.in) })
+				fresh, _, _ := countReplies(t, replies, http.StatusInternalServerError)
+				if fresh != 1 {
+					t.Fatalf("fresh 500s = %d, want 1", fresh)
+				}
+				if got := b.orders(t, "acme"); got != 0 {
+					t.Fatalf("orders = %d after a 5xx, want 0 (rolled back)", got)
+				}
+				second := b.post(t, "acme", "key-err", tc.in)
+				if second.status != http.StatusInternalServerError || !second.replayed {
+					t.Fatalf("second = %d replayed=%v %q, want the stored 500", second.status, second.replayed, second.body)
+				}
+				if got := b.calls.Load(); got != 1 {
+					t.Fatalf("handler ran %d times, want 1", got)
+				}
+				rec, err := b.mw.Inbox().Lookup(context.Background(), dedupe.Key{Scope: "acme", ID: "key-err"})
+				if err != nil || rec.State != dedupe.StateComplete || rec.Result.Status != 500 {
+					t.Fatalf("stored key = %+v, %v; want complete with 500", rec, err)
+				}
+			})
 		})
 	}
 }
 
 func TestRetryServerErrorsReleasesTheKey(t *testing.T) {
 	t.Parallel()
-	b := setup(t, httpidem.Config{ServerErrors: httpidem.RetryServerErrors})
+	forModes(t, testRetryServerErrorsReleasesTheKey)
+}
+
+func testRetryServerErrorsReleasesTheKey(t *testing.T, mode httpidem.Mode) {
+	b := setup(t, httpidem.Config{ServerErrors: httpidem.RetryServerErrors, Mode: mode})
 	if r := b.post(t, "acme", "key-retry", order{CartID: "c", Fail: true}); r.status != 500 {
 		t.Fatalf("first = %d, want 500", r.status)
 	}
@@ -196,9 +218,12 @@ func TestRetryServerErrorsReleasesTheKey(t *testing.T) {
 	}
 }
 
+// TestLeaseExpiryLetsRetryExecute: leased mode only (in transactional mode
+// a hung holder keeps its transaction, and duplicates get 409, until its
+// request context, bounded by the lease, ends).
 func TestLeaseExpiryLetsRetryExecute(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setup(t, httpidem.Config{Mode: httpidem.Leased})
 	blockedOrder := cart
 	blockedOrder.Block = true
 	var stale reply
@@ -247,7 +272,11 @@ func TestLeaseExpiryLetsRetryExecute(t *testing.T) {
 
 func TestKilledConnectionRollsBackAndReleases(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forModes(t, testKilledConnectionRollsBackAndReleases)
+}
+
+func testKilledConnectionRollsBackAndReleases(t *testing.T, mode httpidem.Mode) {
+	b := setup(t, httpidem.Config{Mode: mode})
 	kill := cart
 	kill.Kill = true
 	r := b.post(t, "acme", "key-kill", kill)
@@ -364,9 +393,13 @@ func TestRequestTooLargeIs413(t *testing.T) {
 
 func TestOversizeResponse(t *testing.T) {
 	t.Parallel()
+	forModes(t, testOversizeResponse)
+}
+
+func testOversizeResponse(t *testing.T, mode httpidem.Mode) {
 	t.Run("refuse", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, httpidem.Config{MaxResponseBytes: 512})
+		b := setup(t, httpidem.Config{MaxResponseBytes: 512, Mode: mode})
 		big := order{CartID: "c", Big: 1000}
 		r := b.post(t, "acme", "key-big", big)
 		if r.status != http.StatusInternalServerError || !strings.Contains(string(r.body), "over 512 bytes") {
@@ -383,7 +416,7 @@ func TestOversizeResponse(t *testing.T) {
 	})
 	t.Run("store head", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, httpidem.Config{MaxResponseBytes: 512, Oversize: httpidem.OversizeStoreHead})
+		b := setup(t, httpidem.Config{MaxResponseBytes: 512, Oversize: httpidem.OversizeStoreHead, Mode: mode})
 		big := order{CartID: "c", Big: 1000}
 		first := b.post(t, "acme", "key-big", big)
 		if first.status != http.StatusCreated || len(first.body) < 1000 {
@@ -455,6 +488,19 @@ func TestConfigValidation(t *testing.T) {
 		{Oversize: 7},
 		{ServerErrors: 7},
 		{Inbox: dedupe.Config{Lease: time.Hour, Retention: time.Minute}},
+		{Mode: 7},
+		{LockTimeout: -time.Second},
+		{StoredHeaders: []string{"Content-Type", "Set-Cookie"}},
+		{StoredHeaders: []string{"set-cookie"}},
+		{StoredHeaders: []string{"Connection"}},
+		{StoredHeaders: []string{"transfer-encoding"}},
+		{StoredHeaders: []string{"Keep-Alive"}},
+		{StoredHeaders: []string{"Upgrade"}},
+		{StoredHeaders: []string{"TE"}},
+		{StoredHeaders: []string{"Trailer"}},
+		{StoredHeaders: []string{"Proxy-Authenticate"}},
+		{StoredHeaders: []string{""}},
+		{TxOptions: pgx.TxOptions{AccessMode: pgx.ReadOnly}},
 	} {
 		if _, err := httpidem.New(b.db.Pool, &cfg); err == nil {
 			t.Errorf("New(%+v) accepted an invalid config", cfg)
@@ -464,14 +510,20 @@ func TestConfigValidation(t *testing.T) {
 		t.Errorf("New(nil) = %v, want ErrInvalidConfig", err)
 	}
 	got := b.mw.Config()
-	if got.Inbox.Lease != 90*time.Second || got.Inbox.Retention != 24*time.Hour || got.Header != "Idempotency-Key" {
-		t.Errorf("defaults = lease %v retention %v header %q", got.Inbox.Lease, got.Inbox.Retention, got.Header)
+	if got.Inbox.Lease != 90*time.Second || got.Inbox.Retention != 24*time.Hour || got.Header != "Idempotency-Key" ||
+		got.Mode != httpidem.Transactional || got.LockTimeout != 100*time.Millisecond {
+		t.Errorf("defaults = lease %v retention %v header %q mode %v lock timeout %v", got.Inbox.Lease, got.Inbox.Retention,
+			got.Header, got.Mode, got.LockTimeout)
 	}
 }
 
 func TestAbortedHandlerReleasesTheKey(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forModes(t, testAbortedHandlerReleasesTheKey)
+}
+
+func testAbortedHandlerReleasesTheKey(t *testing.T, mode httpidem.Mode) {
+	b := setup(t, httpidem.Config{Mode: mode})
 	abort := cart
 	abort.Abort = true
 	func() {
@@ -493,7 +545,11 @@ func TestAbortedHandlerReleasesTheKey(t *testing.T) {
 
 func TestClientGoneReleasesTheKey(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forModes(t, testClientGoneReleasesTheKey)
+}
+
+func testClientGoneReleasesTheKey(t *testing.T, mode httpidem.Mode) {
+	b := setup(t, httpidem.Config{Mode: mode})
 	wait := cart
 	wait.WaitCtx = true
 	payload, _ := json.Marshal(wait)
@@ -585,11 +641,13 @@ func TestMethodsTheLayerAppliesTo(t *testing.T) {
 	}
 }
 
-// countingDB counts the statements, transactions and commits the middleware
-// sends, its transactions' included.
+// countingDB counts the round trips, transactions and commits the
+// middleware sends through the pool, its transactions' included: every
+// statement, batch, BEGIN, COMMIT and ROLLBACK is one round trip (a batch
+// begun with Batch.BeginTx carries its BEGIN).
 type countingDB struct {
 	dedupe.DB
-	statements, begins, commits atomic.Int64
+	roundTrips, begins, commits atomic.Int64
 }
 
 func (c *countingDB) Begin(ctx context.Context) (pgx.Tx, error) {
@@ -597,6 +655,7 @@ func (c *countingDB) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 func (c *countingDB) BeginTx(ctx context.Context, o pgx.TxOptions) (pgx.Tx, error) {
+	c.roundTrips.Add(1)
 	c.begins.Add(1)
 	tx, err := c.DB.BeginTx(ctx, o)
 	if err != nil {
@@ -606,28 +665,42 @@ func (c *countingDB) BeginTx(ctx context.Context, o pgx.TxOptions) (pgx.Tx, erro
 }
 
 func (c *countingDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	c.statements.Add(1)
+	c.roundTrips.Add(1)
 	return c.DB.Exec(ctx, sql, args...)
 }
 
 func (c *countingDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	c.statements.Add(1)
+	c.roundTrips.Add(1)
 	return c.DB.Query(ctx, sql, args...)
 }
 
 func (c *countingDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	c.statements.Add(1)
+	c.roundTrips.Add(1)
 	return c.DB.QueryRow(ctx, sql, args...)
 }
 
-// SendBatch counts a batch as one statement: it is one round trip (the
-// claim sends its insert and the read of an existing key together).
 func (c *countingDB) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	c.statements.Add(1)
-	return c.DB.SendBatch(ctx, b)
+	c.roundTrips.Add(1)
+	br := c.DB.SendBatch(ctx, b)
+	if tx := br.Tx(); tx != nil {
+		c.begins.Add(1)
+		return countingBatch{BatchResults: br, tx: &countingTx{Tx: tx, c: c}}
+	}
+	return br
 }
 
-func (c *countingDB) reset() { c.statements.Store(0); c.begins.Store(0); c.commits.Store(0) }
+func (c *countingDB) reset() { c.roundTrips.Store(0); c.begins.Store(0); c.commits.Store(0) }
+
+func (c *countingDB) counts() (roundTrips, begins, commits int64) {
+	return c.roundTrips.Load(), c.begins.Load(), c.commits.Load()
+}
+
+type countingBatch struct {
+	pgx.BatchResults
+	tx pgx.Tx
+}
+
+func (b countingBatch) Tx() pgx.Tx { return b.tx }
 
 type countingTx struct {
 	pgx.Tx
@@ -635,55 +708,83 @@ type countingTx struct {
 }
 
 func (t *countingTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	t.c.statements.Add(1)
+	t.c.roundTrips.Add(1)
 	return t.Tx.Exec(ctx, sql, args...)
 }
 
 func (t *countingTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	t.c.statements.Add(1)
+	t.c.roundTrips.Add(1)
 	return t.Tx.Query(ctx, sql, args...)
 }
 
 func (t *countingTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	t.c.statements.Add(1)
+	t.c.roundTrips.Add(1)
 	return t.Tx.QueryRow(ctx, sql, args...)
 }
 
+func (t *countingTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	t.c.roundTrips.Add(1)
+	return t.Tx.SendBatch(ctx, b)
+}
+
 func (t *countingTx) Commit(ctx context.Context) error {
+	t.c.roundTrips.Add(1)
 	t.c.commits.Add(1)
 	return t.Tx.Commit(ctx)
 }
 
-// TestHotPathCost pins the database work of the two common cases: a new key
-// is the claim (autocommitted), then one transaction holding the handler's
-// insert and the stored response; a replay is the claim and the read of the
-// stored result, with no transaction.
+func (t *countingTx) Rollback(ctx context.Context) error {
+	t.c.roundTrips.Add(1)
+	return t.Tx.Rollback(ctx)
+}
+
+// TestHotPathCost pins the database work of the two common cases, in round
+// trips. Transactional mode (the default): a new key is one transaction with
+// one commit, four round trips: BEGIN with the claim, the handler's INSERT,
+// the stored response, COMMIT; a replay is the claim's round trip and its
+// ROLLBACK. Leased mode: a new key is the claim (autocommitted: a second
+// commit) and a transaction of BEGIN, INSERT, the stored response and
+// COMMIT, five round trips; a replay is one round trip.
 func TestHotPathCost(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	db := &countingDB{DB: b.db.Pool}
-	mw, err := httpidem.New(db, &httpidem.Config{
-		Inbox:  dedupe.Config{Clock: b.clock.Now},
-		Tenant: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant-ID"), nil },
-		Logger: testLogger(t),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.handler = mw.Handler(http.HandlerFunc(b.createOrder))
+	for _, tc := range []struct {
+		mode                                httpidem.Mode
+		newTrips, newBegins, newCommits     int64
+		replayTrips, replayBegins, replayCs int64
+	}{
+		{httpidem.Transactional, 4, 1, 1, 2, 1, 0},
+		{httpidem.Leased, 5, 1, 1, 1, 0, 0},
+	} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			db := &countingDB{DB: b.db.Pool}
+			mw, err := httpidem.New(db, &httpidem.Config{
+				Mode:   tc.mode,
+				Inbox:  dedupe.Config{Clock: b.clock.Now},
+				Tenant: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant-ID"), nil },
+				Logger: testLogger(t),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.handler = mw.Handler(http.HandlerFunc(b.createOrder))
 
-	if r := b.post(t, "acme", "key-cost", cart); r.status != http.StatusCreated || r.replayed {
-		t.Fatalf("first = %d replayed=%v %s", r.status, r.replayed, r.body)
-	}
-	// claim + the handler's INSERT + the stored response; one BEGIN, one COMMIT.
-	if s, bg, c := db.statements.Load(), db.begins.Load(), db.commits.Load(); s != 3 || bg != 1 || c != 1 {
-		t.Fatalf("new key: %d statements, %d transactions, %d commits; want 3, 1, 1", s, bg, c)
-	}
-	db.reset()
-	if r := b.post(t, "acme", "key-cost", cart); r.status != http.StatusCreated || !r.replayed {
-		t.Fatalf("replay = %d replayed=%v", r.status, r.replayed)
-	}
-	if s, bg := db.statements.Load(), db.begins.Load(); s > 2 || bg != 0 {
-		t.Fatalf("replay: %d statements, %d transactions; want at most 2 and none", s, bg)
+			if r := b.post(t, "acme", "key-cost", cart); r.status != http.StatusCreated || r.replayed {
+				t.Fatalf("first = %d replayed=%v %s", r.status, r.replayed, r.body)
+			}
+			if rt, bg, c := db.counts(); rt != tc.newTrips || bg != tc.newBegins || c != tc.newCommits {
+				t.Fatalf("new key: %d round trips, %d transactions, %d commits; want %d, %d, %d",
+					rt, bg, c, tc.newTrips, tc.newBegins, tc.newCommits)
+			}
+			db.reset()
+			if r := b.post(t, "acme", "key-cost", cart); r.status != http.StatusCreated || !r.replayed {
+				t.Fatalf("replay = %d replayed=%v", r.status, r.replayed)
+			}
+			if rt, bg, c := db.counts(); rt != tc.replayTrips || bg != tc.replayBegins || c != tc.replayCs {
+				t.Fatalf("replay: %d round trips, %d transactions, %d commits; want %d, %d, %d",
+					rt, bg, c, tc.replayTrips, tc.replayBegins, tc.replayCs)
+			}
+		})
 	}
 }

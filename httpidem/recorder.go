@@ -2,6 +2,7 @@ package httpidem
 
 import (
 	"bytes"
+	"context"
 	"net/http"
 
 	"github.com/exactlyonce/dedupe"
@@ -13,6 +14,8 @@ import (
 //
 // Streaming (Flush) and Hijack are not supported on idempotent routes.
 type recorder struct {
+	ctx      context.Context // the handler's: a response decided after it ended is late
+	late     bool
 	header   http.Header
 	status   int
 	body     bytes.Buffer
@@ -21,8 +24,8 @@ type recorder struct {
 	oversize bool
 }
 
-func newRecorder(limit int, keepAll bool) *recorder {
-	return &recorder{header: http.Header{}, limit: limit, keepAll: keepAll}
+func newRecorder(ctx context.Context, limit int, keepAll bool) *recorder {
+	return &recorder{ctx: ctx, header: http.Header{}, limit: limit, keepAll: keepAll}
 }
 
 // Header returns the buffered response's header map.
@@ -34,6 +37,17 @@ func (r *recorder) WriteHeader(status int) {
 		return // informational responses are not recorded
 	}
 	r.status = status
+	r.late = r.ctx.Err() != nil
+}
+
+// finish is called when the handler returned; a handler that wrote nothing
+// answers 200 now. It reports whether the response's status was decided
+// after the handler's context ended.
+func (r *recorder) finish() bool {
+	if r.status == 0 {
+		r.late = r.ctx.Err() != nil
+	}
+	return r.late
 }
 
 // Write appends to the buffered response body.

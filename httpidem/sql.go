@@ -7,8 +7,30 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// All SQL of the package: the guarded update of Versioned. The key table
-// itself is the core inbox (dedupe's SQL).
+// All SQL of the package: the statements that frame a transactional claim
+// and the guarded update of Versioned. The key table itself is the core
+// inbox (dedupe's SQL).
+
+// The statements sent with a transactional claim, in the same round trip:
+// the lock timeout is set for the claim alone (a concurrent request holding
+// the key makes the claim fail fast with lock_not_available), the previous
+// value is kept in a placeholder setting and restored after the claim, so
+// the handler's own lock waits are not bounded by it; the savepoint after
+// the claim lets a failed handler's effects roll back while the claim stays
+// held. Every setting is LOCAL: it ends with the transaction.
+const (
+	// sqlSetLockTimeout keeps the transaction's lock_timeout and sets it
+	// for the claim to $1 (e.g. '100ms'), in one statement: the inner
+	// set_config, which keeps the old value, is an argument of the outer
+	// one (concatenated as ''), so it runs first.
+	sqlSetLockTimeout = `SELECT set_config('lock_timeout',
+    $1::text || left(set_config('httpidem.lock_timeout', current_setting('lock_timeout'), true), 0), true)`
+	// sqlRestoreLockTimeout restores the kept value.
+	sqlRestoreLockTimeout = `SELECT set_config('lock_timeout', current_setting('httpidem.lock_timeout'), true)`
+	// sqlSavepoint and sqlRollbackSavepoint bracket the handler's effects.
+	sqlSavepoint         = `SAVEPOINT httpidem_claim`
+	sqlRollbackSavepoint = `ROLLBACK TO SAVEPOINT httpidem_claim`
+)
 
 // versionedSQL renders the statements of a Versioned for its table and
 // columns. set is the caller's SET list using $1..$nArgs; the key columns

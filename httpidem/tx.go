@@ -2,6 +2,7 @@ package httpidem
 
 import (
 	"context"
+	"net/http"
 	"sync"
 
 	"github.com/exactlyonce/dedupe"
@@ -14,24 +15,32 @@ type request struct {
 	claim  *dedupe.Claim
 	txOpts pgx.TxOptions
 
-	mu  sync.Mutex
-	tx  pgx.Tx // begun lazily by Tx
-	err error
+	mu   sync.Mutex
+	tx   *guardedTx // transactional: begun with the claim; leased: begun lazily by Tx
+	over bool       // the handler returned: Tx refuses
+	err  error      // a failed lazy BEGIN
 }
 
 type requestKey struct{}
 
-// Tx returns the transaction of the idempotent request in ctx, beginning it
-// on the first call. Write the handler's business rows through it: the
-// middleware stores the response in the same transaction and commits both
-// together, or rolls both back when the handler answers 5xx or panics. A
-// handler that never calls Tx runs without a transaction and its response is
+// Tx returns the transaction of the idempotent request in ctx. Write the
+// handler's business rows through it: the middleware stores the response in
+// the same transaction and commits both together, or rolls both back when
+// the handler answers 5xx or panics.
+//
+// In transactional mode (the default) the transaction already holds the
+// request's claim. In leased mode it is begun on the first call, and a
+// handler that never calls Tx runs without a transaction; its response is
 // stored on its own.
 //
-// The handler must not Commit or Rollback the transaction (they return
-// ErrTxManaged); nested transactions (Begin, savepoints) are allowed. Tx
-// returns ErrNoTx outside a request claimed by the middleware (no key on an
-// optional route, or a method the middleware does not apply to).
+// The transaction belongs to the middleware: Commit and Rollback return
+// ErrTxManaged, and once it was ended behind the middleware's back (a COMMIT
+// or ROLLBACK sent as a statement, or through Conn()) every statement is
+// refused with ErrTxEnded instead of running, and committing, outside it.
+// Nested transactions (Begin, savepoints) are allowed. Tx returns ErrNoTx
+// outside a request claimed by the middleware (no key on an optional route,
+// or a method the middleware does not apply to), and ErrTxManaged once the
+// handler has returned.
 func Tx(ctx context.Context) (pgx.Tx, error) {
 	req, _ := ctx.Value(requestKey{}).(*request)
 	if req == nil {
@@ -39,18 +48,21 @@ func Tx(ctx context.Context) (pgx.Tx, error) {
 	}
 	req.mu.Lock()
 	defer req.mu.Unlock()
+	if req.over {
+		return nil, newError(http.StatusInternalServerError, ErrTxManaged, "the request is over", nil)
+	}
 	if req.tx == nil && req.err == nil {
 		tx, err := req.db.BeginTx(ctx, req.txOpts)
 		if err != nil {
-			req.err = newError(503, ErrStore, "begin transaction", err)
+			req.err = newError(http.StatusServiceUnavailable, ErrStore, "begin transaction", err)
 		} else {
-			req.tx = tx
+			req.tx = newGuard(tx)
 		}
 	}
 	if req.err != nil {
 		return nil, req.err
 	}
-	return managedTx{req.tx}, nil
+	return req.tx, nil
 }
 
 // ClaimFromContext returns the claim of the idempotent request in ctx (its
@@ -64,24 +76,12 @@ func ClaimFromContext(ctx context.Context) *dedupe.Claim {
 	return nil
 }
 
-// takeTx returns the transaction begun by the handler, if any, and forbids
-// any later Tx call from beginning another.
-func (r *request) takeTx() pgx.Tx {
+// finish ends the handler's use of the request: it returns the request
+// transaction's guard, if there is a transaction, and makes any later Tx
+// call fail.
+func (r *request) finish() *guardedTx {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	tx := r.tx
-	if r.err == nil {
-		r.err = newError(500, ErrTxManaged, "the request is over", nil)
-	}
-	return tx
+	r.over = true
+	return r.tx
 }
-
-// managedTx is the handler's view of the request transaction: the
-// middleware alone ends it.
-type managedTx struct{ pgx.Tx }
-
-// Commit refuses: the middleware commits after storing the response.
-func (managedTx) Commit(context.Context) error { return ErrTxManaged }
-
-// Rollback refuses: answer 5xx (or panic) to roll the work back.
-func (managedTx) Rollback(context.Context) error { return ErrTxManaged }

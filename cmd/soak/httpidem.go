@@ -13,15 +13,16 @@ import (
 	"github.com/exactlyonce/dedupe/httpidem"
 )
 
-// runHTTPIdem soaks the Idempotency-Key middleware: clients POST every input
-// with the input's id as Idempotency-Key (the tenant is the transport's
-// scope) and retry on anything but a 2xx, including 409 while the key is in
-// flight; with the redelivery fault they send an accepted request once more
-// and must get the stored response replayed. The handler writes its effect
-// through httpidem.Tx and fails or panics at random (RetryServerErrors, so a
-// failed request's retry executes again). One in-process server is closed
-// abruptly at random; the server subprocess is killed mid-transaction, and
-// its keys' leases must expire before a retry takes them over.
+// runHTTPIdem soaks the Idempotency-Key middleware in its default,
+// transactional mode: clients POST every input with the input's id as
+// Idempotency-Key (the tenant is the transport's scope) and retry on
+// anything but a 2xx, including 409 while the key is held; with the
+// redelivery fault they send an accepted request once more and must get the
+// stored response replayed. The handler writes its effect through
+// httpidem.Tx, in the transaction that holds the claim, and fails or panics
+// at random (RetryServerErrors, so a failed request's retry executes
+// again). One in-process server is closed abruptly at random; the server
+// subprocess is killed mid-transaction, and its claims roll back with it.
 func runHTTPIdem(ctx context.Context, e *env, inputs []string) error {
 	return runHTTP(ctx, e, inputs, httpidemKind)
 }

@@ -109,8 +109,11 @@ func tenantFrom(ctx context.Context) string {
 
 var uuidPattern = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
 
-// createOrder inserts the order in the request transaction, which commits
-// together with the stored 201.
+// createOrder inserts the order in the request transaction: in the
+// middleware's default, transactional mode it already holds the key's claim,
+// and the claim, the order and the stored 201 commit together. A concurrent
+// retry with the same key waits at most the lock timeout (100 ms) and gets
+// 409, or the replay once this one committed.
 func (a *app) createOrder(w http.ResponseWriter, r *http.Request) {
 	in, ok := decode(w, r)
 	if !ok {

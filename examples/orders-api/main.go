@@ -8,7 +8,9 @@
 // authentication that runs before the idempotency layer (missing → 401).
 //
 //	POST /orders        {"cart_id": "...", "total_cents": 1900} → 201 {"id": ...}
-//	                    Idempotency-Key required; retries replay the 201.
+//	                    Idempotency-Key required; retries replay the 201
+//	                    (the key, the order and the stored 201 commit in
+//	                    one transaction).
 //	GET  /orders/{id}   → 200 with ETag (304 for a matching If-None-Match)
 //	PUT  /orders/{id}   {"cart_id": "...", "total_cents": ...} with If-Match
 //	                    → 200 with the new ETag, 412 stale, 428 missing

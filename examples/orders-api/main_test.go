@@ -83,7 +83,7 @@ func (h *harness) orders(t *testing.T, tenant string) int {
 
 const cart = `{"cart_id": "cart-42", "total_cents": 1900}`
 
-func TestOrdersAPI(t *testing.T) {
+func TestIdempotentOrdersAPI(t *testing.T) {
 	t.Parallel()
 	h := start(t)
 	acme := map[string]string{"X-Tenant-ID": "acme", "Idempotency-Key": "order-1"}
@@ -174,7 +174,7 @@ func TestOrdersAPI(t *testing.T) {
 	}
 }
 
-func TestOrdersAPIWithRetryingClient(t *testing.T) {
+func TestIdempotentOrdersAPIWithRetryingClient(t *testing.T) {
 	t.Parallel()
 	h := start(t)
 	base := &http.Transport{}

@@ -209,10 +209,17 @@ func TestIdempotencyConfigRefusals(t *testing.T) {
 		"unknown Oversize policy":   {e.db.Pool, httpidem.Config{Oversize: 99}},
 		"unknown ServerErrors":      {e.db.Pool, httpidem.Config{ServerErrors: 99}},
 		"negative inbox Lease":      {e.db.Pool, httpidem.Config{Inbox: dedupe.Config{Lease: -time.Second}}},
+		"unknown Mode":              {e.db.Pool, httpidem.Config{Mode: 99}},
+		"negative LockTimeout":      {e.db.Pool, httpidem.Config{LockTimeout: -time.Second}},
+		"Set-Cookie stored":         {e.db.Pool, httpidem.Config{StoredHeaders: []string{"Location", "set-cookie"}}},
+		"hop-by-hop header stored":  {e.db.Pool, httpidem.Config{StoredHeaders: []string{"Transfer-Encoding"}}},
+		"Connection stored":         {e.db.Pool, httpidem.Config{StoredHeaders: []string{"Connection"}}},
 	}
 	fields := map[string]string{
 		"nil db": "db", "negative MaxRequestBytes": "MaxRequestBytes", "negative MaxResponseBytes": "MaxResponseBytes",
 		"unknown Oversize policy": "Oversize", "unknown ServerErrors": "ServerErrors", "negative inbox Lease": "Lease",
+		"unknown Mode": "Mode", "negative LockTimeout": "LockTimeout", "Set-Cookie stored": "StoredHeaders",
+		"hop-by-hop header stored": "StoredHeaders", "Connection stored": "StoredHeaders",
 	}
 	for name, c := range cases {
 		_, err := httpidem.New(c.db, &c.cfg)

@@ -1,0 +1,205 @@
+package httpidem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/exactlyonce/dedupe"
+)
+
+// claimRetries is how often a transactional claim aborted by a
+// serialization failure or a deadlock is tried again.
+const claimRetries = 3
+
+// claimTx begins the request's transaction and claims key in it
+// (transactional mode). BEGIN, the lock timeout, the claim's insert, the read
+// of an existing key, the lock timeout's reset and the savepoint go to the
+// server in one round trip. A concurrent request holding the key makes the
+// claim fail with dedupe.ErrInFlight after Config.LockTimeout.
+//
+// For OutcomeClaimed it returns the open transaction, with the savepoint
+// taken after the claim; for any other outcome, and on error, the
+// transaction is already rolled back and tx is nil.
+func (m *Middleware) claimTx(ctx context.Context, key dedupe.Key) (tx pgx.Tx, claim *dedupe.Claim, err error) {
+	for try := 0; ; try++ {
+		p := &pipelinedTx{db: m.db, opts: m.cfg.TxOptions, lockTimeout: m.lockTimeout}
+		claim, err = m.inbox.Claim(ctx, p, key)
+		if err == nil && claim.Outcome == dedupe.OutcomeClaimed {
+			if err = p.settle(ctx); err == nil {
+				return p.tx, claim, nil
+			}
+		}
+		if p.tx != nil {
+			rollback(context.WithoutCancel(ctx), p.tx)
+		}
+		if err == nil || !errors.Is(err, dedupe.ErrRetryable) || try == claimRetries || ctx.Err() != nil {
+			return nil, claim, err
+		}
+	}
+}
+
+// lockTimeoutSetting renders d as a lock_timeout value.
+func lockTimeoutSetting(d time.Duration) string {
+	return fmt.Sprintf("%dms", max(d.Milliseconds(), 1))
+}
+
+// pipelinedTx is the pgx.Tx that Inbox.Claim runs on in transactional mode.
+// The transaction does not exist when Claim starts: the first batch Claim
+// sends (its insert and the read of an existing key) goes to the server
+// inside a batch begun with pgx's Batch.BeginTx, between the statements that
+// set the lock timeout and those that restore it and take the savepoint. Any
+// statement Claim sends after that batch (a takeover of an expired lease)
+// runs under the lock timeout again, and settle then restores it and takes
+// the savepoint anew, after the claim.
+//
+// It stands in for a core API that would begin a transaction with a claim
+// (see the package's report to the core); it relies only on Claim's
+// documented contract, that it runs its statements on the tx it is given.
+type pipelinedTx struct {
+	db          dedupe.DB
+	opts        pgx.TxOptions
+	lockTimeout string
+
+	tx        pgx.Tx // nil until begun
+	pipelined bool   // the reset and the savepoint went with Claim's first batch
+	later     int    // statements Claim sent after that batch
+}
+
+// begin sends BEGIN and the lock timeout with b's statements (if b is not
+// nil), followed by the reset and the savepoint.
+func (p *pipelinedTx) begin(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	nb := &pgx.Batch{}
+	nb.BeginTx(p.opts)
+	nb.Queue(sqlSetLockTimeout, p.lockTimeout)
+	if b != nil {
+		nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries...)
+		nb.Queue(sqlRestoreLockTimeout)
+		nb.Queue(sqlSavepoint)
+		p.pipelined = true
+	}
+	br := p.db.SendBatch(ctx, nb)
+	p.tx = br.Tx()
+	return br
+}
+
+// next readies the transaction for a statement: it begins it (without
+// pipelining) if Claim's first statement was not a batch, and sets the lock
+// timeout again for a statement after the pipelined batch.
+func (p *pipelinedTx) next(ctx context.Context) error {
+	if p.tx == nil {
+		return p.begin(ctx, nil).Close()
+	}
+	p.later++
+	if p.pipelined && p.later == 1 {
+		_, err := p.tx.Exec(ctx, sqlSetLockTimeout, p.lockTimeout)
+		return err
+	}
+	return nil
+}
+
+// settle is called after a successful claim: unless the reset and the
+// savepoint went with the claim and nothing followed it, it restores the
+// lock timeout and takes the savepoint now, in one round trip.
+func (p *pipelinedTx) settle(ctx context.Context) error {
+	if p.pipelined && p.later == 0 {
+		return nil
+	}
+	_, err := p.tx.Exec(ctx, sqlRestoreLockTimeout+"; "+sqlSavepoint)
+	return err
+}
+
+// SendBatch sends b, beginning the transaction with it if it is the first.
+func (p *pipelinedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if p.tx == nil {
+		return p.begin(ctx, b)
+	}
+	if err := p.next(ctx); err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
+	return p.tx.SendBatch(ctx, b)
+}
+
+// Exec runs a statement in the transaction.
+func (p *pipelinedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := p.next(ctx); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return p.tx.Exec(ctx, sql, args...)
+}
+
+// Query runs a query in the transaction.
+func (p *pipelinedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := p.next(ctx); err != nil {
+		return errRows{err}, err
+	}
+	return p.tx.Query(ctx, sql, args...)
+}
+
+// QueryRow runs a one-row query in the transaction.
+func (p *pipelinedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := p.next(ctx); err != nil {
+		return errRows{err}
+	}
+	return p.tx.QueryRow(ctx, sql, args...)
+}
+
+// Begin opens a savepoint in the transaction.
+func (p *pipelinedTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := p.next(ctx); err != nil {
+		return nil, err
+	}
+	return p.tx.Begin(ctx)
+}
+
+// CopyFrom copies rows in the transaction.
+func (p *pipelinedTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := p.next(ctx); err != nil {
+		return 0, err
+	}
+	return p.tx.CopyFrom(ctx, table, columns, src)
+}
+
+// Prepare prepares a statement on the transaction's connection.
+func (p *pipelinedTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := p.next(ctx); err != nil {
+		return nil, err
+	}
+	return p.tx.Prepare(ctx, name, sql)
+}
+
+// LargeObjects returns the transaction's large objects, once it is begun.
+func (p *pipelinedTx) LargeObjects() pgx.LargeObjects {
+	if p.tx == nil {
+		return pgx.LargeObjects{}
+	}
+	return p.tx.LargeObjects()
+}
+
+// Commit commits the transaction; the middleware does this, never Claim.
+func (p *pipelinedTx) Commit(ctx context.Context) error {
+	if p.tx == nil {
+		return pgx.ErrTxClosed
+	}
+	return p.tx.Commit(ctx)
+}
+
+// Rollback rolls the transaction back.
+func (p *pipelinedTx) Rollback(ctx context.Context) error {
+	if p.tx == nil {
+		return pgx.ErrTxClosed
+	}
+	return p.tx.Rollback(ctx)
+}
+
+// Conn returns the transaction's connection, nil before it is begun.
+func (p *pipelinedTx) Conn() *pgx.Conn {
+	if p.tx == nil {
+		return nil
+	}
+	return p.tx.Conn()
+}

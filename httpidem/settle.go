@@ -1,0 +1,254 @@
+package httpidem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/exactlyonce/dedupe"
+)
+
+// settleTimeout bounds the statements that settle a claim after the handler
+// returned. They run even when the client went away, or the key would stay
+// held.
+const settleTimeout = 10 * time.Second
+
+// txState is the state of the request transaction when the handler returned.
+type txState int
+
+const (
+	txNone    txState = iota // leased mode, and the handler opened none
+	txOpen                   // open and healthy
+	txAborted                // a statement failed: it can only roll back
+	txEnded                  // ended behind the middleware's back
+	txBroken                 // its connection is gone
+)
+
+// settlement settles one claimed request after its handler returned: it
+// commits or rolls back the request transaction, stores the response or
+// releases the key, and answers.
+type settlement struct {
+	m             *Middleware
+	ctx           context.Context
+	cancel        context.CancelFunc
+	claim         *dedupe.Claim
+	tx            pgx.Tx // the request transaction, nil if none
+	status        txState
+	transactional bool // the claim is in tx
+	log           *slog.Logger
+}
+
+func (m *Middleware) newSettlement(rctx context.Context, claim *dedupe.Claim, g *guardedTx) *settlement {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(rctx), settleTimeout)
+	s := &settlement{m: m, ctx: ctx, cancel: cancel, claim: claim, transactional: m.mode == Transactional,
+		log: m.cfg.Logger.With("key", claim.Key.String(), "mode", m.mode.String())}
+	if g != nil {
+		s.status = stateOf(g.Tx)
+		s.tx = g.end()
+	}
+	return s
+}
+
+// stateOf reads tx's state from its connection, without a round trip.
+func stateOf(tx pgx.Tx) txState {
+	conn := tx.Conn()
+	if conn == nil || conn.IsClosed() {
+		return txBroken
+	}
+	switch conn.PgConn().TxStatus() {
+	case 'T':
+		return txOpen
+	case 'E':
+		return txAborted
+	}
+	return txEnded
+}
+
+// complete stores the handler's response with the claim and commits, then
+// answers it.
+func (s *settlement) complete(w http.ResponseWriter, r *http.Request, rec *recorder) {
+	m := s.m
+	res := rec.result(m.cfg.StoredHeaders)
+	var err error
+	switch {
+	case s.transactional:
+		err = s.commitWith(func() error { return m.inbox.StoreResultTx(s.ctx, s.tx, s.claim, res) })
+	case s.tx != nil:
+		err = s.commitWith(func() error { return m.inbox.CompleteTx(s.ctx, s.tx, s.claim, res) })
+	default:
+		err = m.inbox.Complete(s.ctx, s.claim, res)
+	}
+	switch {
+	case err == nil:
+		rec.writeTo(w)
+	case errors.Is(err, dedupe.ErrLeaseLost):
+		s.log.WarnContext(s.ctx, "httpidem: lease lost; work rolled back", "err", err)
+		m.refuse(w, r, newError(http.StatusConflict, ErrLeaseLost, "", err))
+	case errors.Is(err, dedupe.ErrOutcomeUnknown):
+		s.log.ErrorContext(s.ctx, "httpidem: the reply to the request's commit was lost and its outcome could not be learnt", "err", err)
+		s.releaseLeased(err)
+		m.refuse(w, r, &Error{Status: http.StatusServiceUnavailable, Err: ErrOutcomeUnknown, Cause: err, RetryAfter: 1})
+	default:
+		s.log.ErrorContext(s.ctx, "httpidem: storing the response failed; nothing committed", "err", err)
+		s.releaseLeased(err)
+		m.refuse(w, r, &Error{Status: http.StatusServiceUnavailable, Err: ErrStore, Detail: "nothing was committed", Cause: err, RetryAfter: 1})
+	}
+}
+
+// commitWith runs store in the request transaction and commits, or rolls
+// back if store failed.
+func (s *settlement) commitWith(store func() error) error {
+	if err := store(); err != nil {
+		rollback(s.ctx, s.tx)
+		return err
+	}
+	return s.m.commitTx(s.ctx, s.tx, s.claim)
+}
+
+// serverError settles a 5xx answer, a panic or an aborted transaction, rec
+// holding the answer: the handler's effects roll back and, under
+// StoreServerErrors, the answer is stored with the key; under
+// RetryServerErrors, or when the request's context had ended (the error is
+// an artefact of the cancellation), the key is released. The answer is sent
+// either way.
+func (s *settlement) serverError(w http.ResponseWriter, rec *recorder, cause error, canceled bool) {
+	m := s.m
+	if canceled || m.cfg.ServerErrors == RetryServerErrors {
+		s.abandon(cause)
+		rec.writeTo(w)
+		return
+	}
+	res := rec.result(m.cfg.StoredHeaders)
+	var err error
+	if s.transactional {
+		// Back to the savepoint after the claim: the effects go, the claim
+		// stays held, so no concurrent duplicate runs the handler again.
+		err = s.commitWith(func() error {
+			if _, err := s.tx.Exec(s.ctx, sqlRollbackSavepoint); err != nil {
+				return err
+			}
+			return m.inbox.StoreResultTx(s.ctx, s.tx, s.claim, res)
+		})
+	} else {
+		rollback(s.ctx, s.tx)
+		err = m.inbox.Complete(s.ctx, s.claim, res)
+		if err != nil && !errors.Is(err, dedupe.ErrLeaseLost) {
+			s.releaseLeased(cause)
+		}
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, dedupe.ErrOutcomeUnknown):
+		s.log.ErrorContext(s.ctx, "httpidem: the reply to the commit of the error response was lost and its outcome could not be learnt", "err", err)
+	default:
+		s.log.ErrorContext(s.ctx, "httpidem: storing the error response failed", "err", err)
+	}
+	rec.writeTo(w)
+}
+
+// ended settles a request whose transaction ended behind the middleware's
+// back (a COMMIT or ROLLBACK sent as a statement) or whose connection broke.
+// In transactional mode the claim went with the transaction, committed or
+// not: a fresh connection tells which. A committed claim gets the 500 stored
+// (its effects, whatever they were, committed with it, so the key is not
+// released); otherwise the key is free again.
+func (s *settlement) ended(w http.ResponseWriter, r *http.Request) {
+	m := s.m
+	rollback(s.ctx, s.tx) // frees the connection
+	broken := s.status == txBroken
+	endedErr := newError(http.StatusInternalServerError, ErrTxEnded, "the request transaction was ended behind the middleware's back", nil)
+	if !s.transactional {
+		if broken {
+			s.log.ErrorContext(s.ctx, "httpidem: the request transaction's connection was lost; nothing committed")
+			s.releaseLeased(errors.New("connection lost"))
+			m.refuse(w, r, &Error{Status: http.StatusServiceUnavailable, Err: ErrStore, Detail: "nothing was committed", RetryAfter: 1})
+			return
+		}
+		rec := newRecorder(context.Background(), m.cfg.MaxResponseBytes, false)
+		WriteError(rec, r, endedErr)
+		s.log.ErrorContext(s.ctx, "httpidem: the handler ended the request transaction itself")
+		s.serverError(w, rec, endedErr, false)
+		return
+	}
+	committed, err := m.inbox.Resolve(s.ctx, s.claim)
+	switch {
+	case err != nil:
+		s.log.ErrorContext(s.ctx, "httpidem: the request transaction ended and whether it committed could not be learnt", "err", err)
+		m.refuse(w, r, &Error{Status: http.StatusServiceUnavailable, Err: ErrOutcomeUnknown, Cause: err, RetryAfter: 1})
+	case committed:
+		s.log.ErrorContext(s.ctx, "httpidem: the handler committed the request transaction itself; the key answers 500 from now on")
+		rec := newRecorder(context.Background(), m.cfg.MaxResponseBytes, false)
+		WriteError(rec, r, endedErr)
+		if err := m.inbox.StoreResultTx(s.ctx, m.db, s.claim, rec.result(m.cfg.StoredHeaders)); err != nil {
+			s.log.ErrorContext(s.ctx, "httpidem: storing the error response failed", "err", err)
+		}
+		rec.writeTo(w)
+	case broken:
+		s.log.ErrorContext(s.ctx, "httpidem: the request transaction's connection was lost; nothing committed")
+		m.refuse(w, r, &Error{Status: http.StatusServiceUnavailable, Err: ErrStore, Detail: "nothing was committed", RetryAfter: 1})
+	default:
+		s.log.ErrorContext(s.ctx, "httpidem: the handler rolled the request transaction back itself; nothing committed")
+		m.refuse(w, r, endedErr)
+	}
+}
+
+// abandon rolls the request's work back and frees the key, so that a retry
+// executes again.
+func (s *settlement) abandon(cause error) {
+	rollback(s.ctx, s.tx) // in transactional mode, the claim goes with it
+	s.releaseLeased(cause)
+}
+
+// releaseLeased frees a leased claim at once. Fail is fenced by the claim's
+// token and state, so it never releases a key that a lost commit did
+// complete.
+func (s *settlement) releaseLeased(cause error) {
+	if s.transactional {
+		return
+	}
+	if _, err := s.m.inbox.Fail(s.ctx, s.claim, cause); err != nil && !errors.Is(err, dedupe.ErrLeaseLost) {
+		s.log.ErrorContext(s.ctx, "httpidem: releasing the key failed; it is held until its lease ends", "err", err)
+	}
+}
+
+// commitTx commits tx, which holds the completion of claim. A COMMIT whose
+// reply was lost is not a rollback: it is resolved on a fresh connection
+// (Inbox.Resolve). It returns nil when the transaction committed, an error
+// matching dedupe.ErrOutcomeUnknown when that cannot be learnt, and any
+// other error when it did not commit.
+func (m *Middleware) commitTx(ctx context.Context, tx pgx.Tx, claim *dedupe.Claim) error {
+	err := tx.Commit(ctx)
+	if err == nil {
+		return nil
+	}
+	if !mayHaveApplied(err) {
+		return fmt.Errorf("httpidem: commit: %w", err)
+	}
+	committed, rerr := m.inbox.Resolve(ctx, claim)
+	switch {
+	case rerr != nil:
+		return &dedupe.OutcomeUnknownError{Op: "commit", Key: claim.Key, Err: errors.Join(err, rerr)}
+	case committed:
+		m.cfg.Logger.WarnContext(ctx, "httpidem: the reply to the request's commit was lost; it committed",
+			"key", claim.Key.String(), "err", err)
+		return nil
+	}
+	return fmt.Errorf("httpidem: commit failed and did not take effect: %w", err)
+}
+
+// mayHaveApplied reports whether err, returned by a COMMIT, leaves it
+// unknown whether the server applied it: the connection failed after the
+// request may have been sent. (The core's rule, which it does not export.)
+func mayHaveApplied(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) || errors.Is(err, pgx.ErrTxClosed) {
+		return false
+	}
+	return !pgconn.SafeToRetry(err)
+}
