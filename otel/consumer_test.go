@@ -26,7 +26,7 @@ func TestConsumerMetricsEqualEffects(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)
 	c := e.consumer(t, func(ctx context.Context, tx pgx.Tx, d delivery) error {
-		_, span := e.tracer().Start(ctx, "effect")
+		_, span := e.Tracer().Start(ctx, "effect")
 		defer span.End()
 		return insertEffect(ctx, tx, d)
 	})
@@ -68,17 +68,17 @@ func TestConsumerMetricsEqualEffects(t *testing.T) {
 	var total int64
 	for o, n := range tally {
 		total += n
-		got := e.sum(t, "dedupe.claims", dedupeotel.ScopeKey.String("billing"), dedupeotel.OutcomeKey.String(o.String()),
+		got := e.Sum(t, "dedupe.claims", dedupeotel.ScopeKey.String("billing"), dedupeotel.OutcomeKey.String(o.String()),
 			dedupeotel.ModeKey.String("transactional"), semconv.MessagingSystemKey.String("test"))
 		if got != n {
 			t.Errorf("dedupe.claims{outcome=%s} = %d, Handle reported %d", o, got, n)
 		}
 	}
-	if n, _ := e.histogram(t, "dedupe.handle.duration", dedupeotel.ScopeKey.String("billing")); n != uint64(total) {
+	if n, _ := e.Histogram(t, "dedupe.handle.duration", dedupeotel.ScopeKey.String("billing")); n != uint64(total) {
 		t.Errorf("dedupe.handle.duration count = %d, want %d", n, total)
 	}
 
-	spans := e.ended("process orders.created")
+	spans := e.Ended("process orders.created")
 	if int64(len(spans)) != total {
 		t.Fatalf("%d process spans for %d handlings", len(spans), total)
 	}
@@ -111,7 +111,7 @@ func TestConsumerMetricsEqualEffects(t *testing.T) {
 			t.Errorf("%d spans with dedupe.outcome=%s, Handle reported %d", byOutcome[o.String()], o, n)
 		}
 	}
-	effectSpans := e.ended("effect")
+	effectSpans := e.Ended("effect")
 	if len(effectSpans) == 0 {
 		t.Fatal("the handler's spans were not recorded")
 	}

@@ -16,8 +16,8 @@ import (
 
 // produced returns headers carrying the context of a new producer span, and
 // that span's context.
-func (e *tel) produced(name string) (map[string][]string, trace.SpanContext) {
-	ctx, span := e.tracer().Start(context.Background(), name)
+func (e *env) produced(name string) (map[string][]string, trace.SpanContext) {
+	ctx, span := e.Tracer().Start(context.Background(), name)
 	span.End()
 	h := map[string][]string{}
 	propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(h))
@@ -52,7 +52,7 @@ func TestBatchConsumer(t *testing.T) {
 	if res[0].Outcome != dedupe.OutcomeDuplicate || res[1].Outcome != dedupe.OutcomeClaimed {
 		t.Fatalf("second batch: %+v", res)
 	}
-	spans := e.ended("process orders.created")
+	spans := e.Ended("process orders.created")
 	if len(spans) != 5 {
 		t.Fatalf("%d process spans, want 5", len(spans))
 	}
@@ -84,7 +84,7 @@ func TestBatchConsumer(t *testing.T) {
 	if len(seen) != 5 {
 		t.Errorf("process spans in %d traces, want 5", len(seen))
 	}
-	if n := e.sum(t, "dedupe.claims", dedupeotel.ModeKey.String("batch"), dedupeotel.OutcomeKey.String("claimed")); n != 4 {
+	if n := e.Sum(t, "dedupe.claims", dedupeotel.ModeKey.String("batch"), dedupeotel.OutcomeKey.String("claimed")); n != 4 {
 		t.Errorf("claimed = %d, want 4", n)
 	}
 	if n := e.db.Count(t, "SELECT count(*) FROM effects"); n != 4 {
@@ -110,7 +110,7 @@ func TestLeased(t *testing.T) {
 	}
 	hb := e.inbox.KeepAlive(ctx, c, 20*time.Millisecond)
 	dbtest.WaitFor(t, 30*time.Second, "two renewals", func() bool {
-		return e.sum(t, "dedupe.lease.renewals", dedupeotel.ResultKey.String("ok")) >= 2
+		return e.Sum(t, "dedupe.lease.renewals", dedupeotel.ResultKey.String("ok")) >= 2
 	})
 	if err := hb.Stop(); err != nil {
 		t.Fatal(err)
@@ -121,7 +121,7 @@ func TestLeased(t *testing.T) {
 	if d, err := e.inbox.Begin(ctx, key); err != nil || d.Outcome != dedupe.OutcomeDuplicate {
 		t.Fatalf("second begin: %v, %v", d, err)
 	}
-	spans := e.ended("process nightly")
+	spans := e.Ended("process nightly")
 	if len(spans) != 2 {
 		t.Fatalf("%d process spans, want 2", len(spans))
 	}
@@ -152,10 +152,10 @@ func TestLeased(t *testing.T) {
 	if err := hb2.Stop(); !errors.Is(err, dedupe.ErrLeaseLost) {
 		t.Fatalf("stop: %v", err)
 	}
-	if n := e.sum(t, "dedupe.lease.lost"); n != 1 {
+	if n := e.Sum(t, "dedupe.lease.lost"); n != 1 {
 		t.Errorf("lease.lost = %d, want 1", n)
 	}
-	if n := e.sum(t, "dedupe.lease.renewals", dedupeotel.ResultKey.String("error")); n != 1 {
+	if n := e.Sum(t, "dedupe.lease.renewals", dedupeotel.ResultKey.String("error")); n != 1 {
 		t.Errorf("failed renewals = %d, want 1", n)
 	}
 
@@ -176,10 +176,10 @@ func TestPurge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := e.sum(t, "dedupe.purge.deleted"); got != n || n != 3 {
+	if got := e.Sum(t, "dedupe.purge.deleted"); got != n || n != 3 {
 		t.Errorf("purge.deleted = %d, Purge reported %d, want 3", got, n)
 	}
-	if got := e.sum(t, "dedupe.purges", dedupeotel.ResultKey.String("ok")); got != 1 {
+	if got := e.Sum(t, "dedupe.purges", dedupeotel.ResultKey.String("ok")); got != 1 {
 		t.Errorf("purges = %d", got)
 	}
 }

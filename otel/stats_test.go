@@ -13,6 +13,7 @@ import (
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 	dedupeotel "github.com/exactlyonce/dedupe/otel"
+	"github.com/exactlyonce/dedupe/otel/internal/oteltest"
 )
 
 func (e *env) enqueue(t testing.TB, msgs ...dedupe.Message) []string {
@@ -51,27 +52,27 @@ func TestObserveStats(t *testing.T) {
 	}
 	e.enqueue(t, dedupe.Message{Topic: "t", Key: "1"}, dedupe.Message{Topic: "t", Key: "2"})
 
-	if _, ok := e.gauge(t, "dedupe.keys"); ok {
+	if _, ok := e.Gauge(t, "dedupe.keys"); ok {
 		t.Fatal("gauges observed before ObserveStats")
 	}
-	stop, err := e.obs.ObserveStats(e.inbox, e.outbox)
+	stop, err := e.Obs.ObserveStats(e.inbox, e.outbox)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for state, want := range map[string]float64{"complete": 2, "failed": 1, "in_flight": 1} {
-		got, ok := e.gauge(t, "dedupe.keys", dedupeotel.ScopeKey.String("billing"), dedupeotel.StateKey.String(state))
+		got, ok := e.Gauge(t, "dedupe.keys", dedupeotel.ScopeKey.String("billing"), dedupeotel.StateKey.String(state))
 		if !ok || got != want {
 			t.Errorf("dedupe.keys{state=%s} = %v (%v), want %v", state, got, ok, want)
 		}
 	}
-	if age, ok := e.gauge(t, "dedupe.keys.oldest_in_flight.age", dedupeotel.ScopeKey.String("billing")); !ok || age < 0 || age > 60 {
+	if age, ok := e.Gauge(t, "dedupe.keys.oldest_in_flight.age", dedupeotel.ScopeKey.String("billing")); !ok || age < 0 || age > 60 {
 		t.Errorf("oldest in flight age = %v (%v)", age, ok)
 	}
 	table := dedupeotel.OutboxTableKey.String(dedupe.DefaultOutboxTable)
-	if n, ok := e.gauge(t, "dedupe.outbox.pending", table); !ok || n != 2 {
+	if n, ok := e.Gauge(t, "dedupe.outbox.pending", table); !ok || n != 2 {
 		t.Errorf("outbox pending = %v (%v), want 2", n, ok)
 	}
-	if age, ok := e.gauge(t, "dedupe.outbox.oldest_pending.age", table); !ok || age < 0 {
+	if age, ok := e.Gauge(t, "dedupe.outbox.oldest_pending.age", table); !ok || age < 0 {
 		t.Errorf("oldest pending age = %v (%v)", age, ok)
 	}
 	relay, err := dedupe.NewRelay(e.outbox, dedupe.PublishFunc(func(context.Context, *dedupe.OutboxMessage) error { return nil }),
@@ -82,13 +83,13 @@ func TestObserveStats(t *testing.T) {
 	if n, err := relay.Cycle(ctx); err != nil || n != 2 {
 		t.Fatalf("relay: %d, %v", n, err)
 	}
-	if n, ok := e.gauge(t, "dedupe.outbox.pending", table); !ok || n != 0 {
+	if n, ok := e.Gauge(t, "dedupe.outbox.pending", table); !ok || n != 0 {
 		t.Errorf("outbox pending after the relay = %v (%v), want 0", n, ok)
 	}
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := e.gauge(t, "dedupe.keys"); ok {
+	if _, ok := e.Gauge(t, "dedupe.keys"); ok {
 		t.Error("gauges still observed after stop")
 	}
 }
@@ -113,12 +114,12 @@ func TestRelayFeedsOutboxGauges(t *testing.T) {
 	}
 	dbtest.Background(t, "relay", relay.Run)
 	dbtest.WaitFor(t, 30*time.Second, "the pending message in the gauge", func() bool {
-		n, ok := e.gauge(t, "dedupe.outbox.pending")
+		n, ok := e.Gauge(t, "dedupe.outbox.pending")
 		return ok && n == 1
 	})
 	close(block)
 	dbtest.WaitFor(t, 30*time.Second, "an empty outbox in the gauge", func() bool {
-		n, ok := e.gauge(t, "dedupe.outbox.pending")
+		n, ok := e.Gauge(t, "dedupe.outbox.pending")
 		return ok && n == 0
 	})
 }
@@ -139,16 +140,16 @@ func TestPublishFailures(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _ = relay.Cycle(context.Background())
-	if n := e.sum(t, "dedupe.outbox.publishes", dedupeotel.OutcomeKey.String("failed")); n != 1 {
+	if n := e.Sum(t, "dedupe.outbox.publishes", dedupeotel.OutcomeKey.String("failed")); n != 1 {
 		t.Errorf("failed publishes = %d, want 1", n)
 	}
-	if n := e.sum(t, "dedupe.outbox.publishes", dedupeotel.OutcomeKey.String("parked")); n != 1 {
+	if n := e.Sum(t, "dedupe.outbox.publishes", dedupeotel.OutcomeKey.String("parked")); n != 1 {
 		t.Errorf("parked publishes = %d, want 1", n)
 	}
-	if n, _ := e.histogram(t, "dedupe.outbox.publish.lag"); n != 0 {
+	if n, _ := e.Histogram(t, "dedupe.outbox.publish.lag"); n != 0 {
 		t.Errorf("lag recorded for %d failed publishes", n)
 	}
-	spans := e.ended("send t")
+	spans := e.Ended("send t")
 	if len(spans) != 2 {
 		t.Fatalf("%d send spans", len(spans))
 	}
@@ -162,7 +163,7 @@ func TestPublishFailures(t *testing.T) {
 	if _, err := e.outbox.Discard(context.Background(), ids[1], "test", "parked on purpose"); err != nil {
 		t.Fatal(err)
 	}
-	if n := e.sum(t, "dedupe.outbox.discarded"); n != 1 {
+	if n := e.Sum(t, "dedupe.outbox.discarded"); n != 1 {
 		t.Errorf("discarded = %d", n)
 	}
 }
@@ -171,18 +172,18 @@ func TestPublishFailures(t *testing.T) {
 // included.
 func TestTransportEvent(t *testing.T) {
 	t.Parallel()
-	e := newTel(t, nil)
-	ctx, span := e.tracer().Start(context.Background(), "process")
-	e.obs.TransportEvent(ctx, dedupe.TransportEvent{Name: "ack_failed", Message: dedupe.MessageInfo{System: "nats"}, Err: errors.New("timeout")})
-	e.obs.TransportEvent(ctx, dedupe.TransportEvent{Name: "offsets_committed", Message: dedupe.MessageInfo{System: "kafka"}, Count: 3})
+	e := oteltest.New(t, nil)
+	ctx, span := e.Tracer().Start(context.Background(), "process")
+	e.Obs.TransportEvent(ctx, dedupe.TransportEvent{Name: "ack_failed", Message: dedupe.MessageInfo{System: "nats"}, Err: errors.New("timeout")})
+	e.Obs.TransportEvent(ctx, dedupe.TransportEvent{Name: "offsets_committed", Message: dedupe.MessageInfo{System: "kafka"}, Count: 3})
 	span.End()
-	if n := e.sum(t, "dedupe.transport.events", dedupeotel.EventKey.String("ack_failed"), semconv.MessagingSystemKey.String("nats")); n != 1 {
+	if n := e.Sum(t, "dedupe.transport.events", dedupeotel.EventKey.String("ack_failed"), semconv.MessagingSystemKey.String("nats")); n != 1 {
 		t.Errorf("ack_failed = %d", n)
 	}
-	if n := e.sum(t, "dedupe.transport.events", dedupeotel.EventKey.String("offsets_committed")); n != 3 {
+	if n := e.Sum(t, "dedupe.transport.events", dedupeotel.EventKey.String("offsets_committed")); n != 3 {
 		t.Errorf("offsets_committed = %d, want 3", n)
 	}
-	if ev := e.ended("process")[0].Events(); len(ev) != 2 || ev[0].Name != "dedupe.transport.ack_failed" {
+	if ev := e.Ended("process")[0].Events(); len(ev) != 2 || ev[0].Name != "dedupe.transport.ack_failed" {
 		t.Errorf("span events %v", ev)
 	}
 }

@@ -51,7 +51,7 @@ func TestOneTraceEnqueueSendProcess(t *testing.T) {
 	ctx := context.Background()
 
 	// The producer: a traced request that enqueues in its transaction.
-	rctx, req := e.tracer().Start(ctx, "POST /orders", trace.WithSpanKind(trace.SpanKindServer))
+	rctx, req := e.Tracer().Start(ctx, "POST /orders", trace.WithSpanKind(trace.SpanKindServer))
 	var id string
 	err := pgx.BeginFunc(rctx, e.db.Pool, func(tx pgx.Tx) error {
 		var err error
@@ -104,19 +104,19 @@ func TestOneTraceEnqueueSendProcess(t *testing.T) {
 
 	one := func(name string) sdktrace.ReadOnlySpan {
 		t.Helper()
-		s := e.ended(name)
+		s := e.Ended(name)
 		if len(s) != 1 {
 			t.Fatalf("%d spans %q, want 1", len(s), name)
 		}
 		return s[0]
 	}
 	request, create, send := one("POST /orders"), one("create orders.created"), one("send orders.created")
-	process := e.ended("process orders.created")
+	process := e.Ended("process orders.created")
 	if len(process) != 2 {
 		t.Fatalf("%d process spans, want 2", len(process))
 	}
 	traceID := request.SpanContext().TraceID()
-	for _, s := range e.ended("") {
+	for _, s := range e.Ended("") {
 		if s.SpanContext().TraceID() != traceID {
 			t.Errorf("span %q in trace %s, want %s", s.Name(), s.SpanContext().TraceID(), traceID)
 		}
@@ -149,17 +149,17 @@ func TestOneTraceEnqueueSendProcess(t *testing.T) {
 		t.Errorf("process outcomes %v, want claimed and duplicate", outcomes)
 	}
 
-	if n := e.sum(t, "dedupe.outbox.enqueued"); n != 1 {
+	if n := e.Sum(t, "dedupe.outbox.enqueued"); n != 1 {
 		t.Errorf("enqueued = %d", n)
 	}
-	if n := e.sum(t, "dedupe.outbox.publishes", dedupeotel.OutcomeKey.String("published")); n != 1 {
+	if n := e.Sum(t, "dedupe.outbox.publishes", dedupeotel.OutcomeKey.String("published")); n != 1 {
 		t.Errorf("published = %d", n)
 	}
-	if n, lag := e.histogram(t, "dedupe.outbox.publish.lag"); n != 1 || lag < 0 {
+	if n, lag := e.Histogram(t, "dedupe.outbox.publish.lag"); n != 1 || lag < 0 {
 		t.Errorf("publish lag: %d points, sum %v", n, lag)
 	}
 	for _, o := range []string{"claimed", "duplicate"} {
-		if n := e.sum(t, "dedupe.claims", dedupeotel.OutcomeKey.String(o)); n != 1 {
+		if n := e.Sum(t, "dedupe.claims", dedupeotel.OutcomeKey.String(o)); n != 1 {
 			t.Errorf("claims{%s} = %d, want 1", o, n)
 		}
 	}
@@ -173,7 +173,7 @@ func TestLocalSpanStaysParent(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)
 	ctx := context.Background()
-	pctx, producer := e.tracer().Start(ctx, "producer")
+	pctx, producer := e.Tracer().Start(ctx, "producer")
 	producer.End()
 	h := http.Header{}
 	propagation.TraceContext{}.Inject(pctx, propagation.HeaderCarrier(h))
@@ -190,7 +190,7 @@ func TestLocalSpanStaysParent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sctx, server := e.tracer().Start(ctx, "POST /hooks", trace.WithSpanKind(trace.SpanKindServer))
+	sctx, server := e.Tracer().Start(ctx, "POST /hooks", trace.WithSpanKind(trace.SpanKindServer))
 	if _, err := c.Handle(sctx, h); err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +200,7 @@ func TestLocalSpanStaysParent(t *testing.T) {
 	if _, err := c.Handle(ctx, h); err != nil {
 		t.Fatal(err)
 	}
-	p := e.ended("process /hooks")
+	p := e.Ended("process /hooks")
 	if len(p) != 2 {
 		t.Fatalf("%d process spans", len(p))
 	}
