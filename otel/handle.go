@@ -32,38 +32,59 @@ func (o *Observer) StartHandle(ctx context.Context, h dedupe.HandleInfo) (contex
 		target = h.Key.Scope
 	}
 	parent, link := o.parent(ctx, m.Headers)
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...)}
-	if link.SpanContext.IsValid() {
-		opts = append(opts, trace.WithLinks(link))
-	}
-	ctx, span := o.tracer.Start(parent, "process "+target, opts...)
+	ctx, span := o.start(parent, "process "+target, trace.SpanKindConsumer, attrs, link)
 	return ctx, func(d dedupe.HandleDone) {
 		outcome := outcomeName(d.Outcome)
 		if span.IsRecording() {
-			span.SetAttributes(OutcomeKey.String(outcome))
+			end := make([]attribute.KeyValue, 0, 3)
+			end = append(end, OutcomeKey.String(outcome))
 			if d.Attempt > 0 {
-				span.SetAttributes(AttemptKey.Int(d.Attempt))
+				end = append(end, AttemptKey.Int(d.Attempt))
 			}
-			if d.Err != nil && d.Outcome != dedupe.OutcomeInFlight {
-				span.SetAttributes(errorType(outcome, d.Err))
+			failed := d.Err != nil && d.Outcome != dedupe.OutcomeInFlight
+			if failed {
+				end = append(end, errorType(outcome, d.Err))
+			}
+			span.SetAttributes(end...)
+			if failed {
 				span.RecordError(d.Err)
 				span.SetStatus(codes.Error, d.Err.Error())
 			}
 		}
 		span.End()
-		set := metric.WithAttributeSet(handleSet(h.Key.Scope, h.Mode, outcome, m.System))
+		set := metric.WithAttributeSet(o.handleSet(h.Key.Scope, h.Mode, outcome, m.System))
 		o.m.claims.Add(ctx, 1, set)
 		o.m.handleDuration.Record(ctx, d.Duration.Seconds(), set)
 	}
 }
 
-// handleSet is the attribute set of a handling's metrics.
-func handleSet(scope, mode, outcome, system string) attribute.Set {
-	if system == "" {
-		return attribute.NewSet(ScopeKey.String(scope), ModeKey.String(mode), OutcomeKey.String(outcome))
+// start starts a span with attrs and, when valid, a link.
+func (o *Observer) start(ctx context.Context, name string, kind trace.SpanKind, attrs []attribute.KeyValue, link trace.Link) (context.Context, trace.Span) {
+	var buf [3]trace.SpanStartOption
+	opts := append(buf[:0], trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
+	if link.SpanContext.IsValid() {
+		opts = append(opts, trace.WithLinks(link))
 	}
-	return attribute.NewSet(ScopeKey.String(scope), ModeKey.String(mode), OutcomeKey.String(outcome),
-		semconv.MessagingSystemKey.String(system))
+	return o.tracer.Start(ctx, name, opts...)
+}
+
+// setKey identifies the attribute set of a handling's metrics.
+type setKey struct{ scope, mode, outcome, system string }
+
+// handleSet is the attribute set of a handling's metrics, built once per
+// combination (scopes, modes, outcomes and systems are few).
+func (o *Observer) handleSet(scope, mode, outcome, system string) attribute.Set {
+	k := setKey{scope, mode, outcome, system}
+	if s, ok := o.sets.Load(k); ok {
+		return s.(attribute.Set)
+	}
+	attrs := []attribute.KeyValue{ScopeKey.String(scope), ModeKey.String(mode), OutcomeKey.String(outcome)}
+	if system != "" {
+		attrs = append(attrs, semconv.MessagingSystemKey.String(system))
+	}
+	s := attribute.NewSet(attrs...)
+	o.sets.Store(k, s)
+	return s
 }
 
 // appendMessage appends what the transport knows of m. The message id is
@@ -104,7 +125,7 @@ func (o *Observer) parent(ctx context.Context, h dedupe.Headers) (context.Contex
 		return ctx, trace.Link{}
 	}
 	local := trace.SpanContextFromContext(ctx)
-	extracted := o.prop.Extract(ctx, carrier{h})
+	extracted := o.prop.Extract(ctx, carrier{h, o.canon})
 	sc := trace.SpanContextFromContext(extracted)
 	if !sc.IsValid() || sc.Equal(local) {
 		return extracted, trace.Link{}

@@ -48,7 +48,9 @@ type Observer struct {
 	cfg    Config
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator
+	canon  map[string]string
 	meter  metric.Meter
+	sets   sync.Map // setKey → attribute.Set
 	m      instruments
 
 	// The outbox gauges read the relay's last OutboxQueued report unless
@@ -119,6 +121,7 @@ func New(cfg *Config) (*Observer, error) {
 		cfg:    c,
 		tracer: c.TracerProvider.Tracer(ScopeName, trace.WithSchemaURL(semconv.SchemaURL)),
 		prop:   c.Propagator,
+		canon:  canonical(c.Propagator.Fields()),
 		meter:  c.MeterProvider.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL)),
 	}
 	var err error

@@ -31,7 +31,7 @@ func (o *Observer) Enqueued(ctx context.Context, msg *dedupe.Message) {
 	if msg.Headers == nil {
 		msg.Headers = map[string][]string{}
 	}
-	o.prop.Inject(ctx, carrier{dedupe.MapHeaders(msg.Headers)})
+	o.prop.Inject(ctx, carrier{dedupe.MapHeaders(msg.Headers), o.canon})
 	span.End()
 	o.m.enqueued.Add(ctx, 1)
 }
@@ -56,11 +56,7 @@ func (o *Observer) StartPublish(ctx context.Context, msg *dedupe.OutboxMessage) 
 		headers = dedupe.MapHeaders(msg.Headers)
 	}
 	parent, link := o.parent(ctx, headers)
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...)}
-	if link.SpanContext.IsValid() {
-		opts = append(opts, trace.WithLinks(link))
-	}
-	ctx, span := o.tracer.Start(parent, "send "+msg.Topic, opts...)
+	ctx, span := o.start(parent, "send "+msg.Topic, trace.SpanKindProducer, attrs, link)
 	return ctx, func(d dedupe.PublishDone) {
 		outcome := PublishPublished
 		switch {
@@ -70,9 +66,10 @@ func (o *Observer) StartPublish(ctx context.Context, msg *dedupe.OutboxMessage) 
 			outcome = PublishFailed
 		}
 		if span.IsRecording() {
-			span.SetAttributes(OutcomeKey.String(outcome))
-			if d.Err != nil {
-				span.SetAttributes(semconv.ErrorTypeKey.String(outcome))
+			if d.Err == nil {
+				span.SetAttributes(OutcomeKey.String(outcome))
+			} else {
+				span.SetAttributes(OutcomeKey.String(outcome), semconv.ErrorTypeKey.String(outcome))
 				span.RecordError(d.Err)
 				span.SetStatus(codes.Error, d.Err.Error())
 			}
