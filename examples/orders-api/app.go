@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/httpidem"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -51,9 +52,11 @@ type app struct {
 	log      *slog.Logger
 }
 
-// newApp creates the tables and the idempotency layer.
-func newApp(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (*app, error) {
+// newApp creates the tables and the idempotency layer, which reports to obs
+// (nil for none).
+func newApp(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, obs dedupe.Observer) (*app, error) {
 	idem, err := httpidem.New(pool, &httpidem.Config{
+		Inbox:       dedupe.Config{Observer: obs},
 		KeyRequired: true,
 		Tenant:      func(r *http.Request) (string, error) { return tenantFrom(r.Context()), nil },
 		Logger:      log,

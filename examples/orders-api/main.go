@@ -14,6 +14,12 @@
 //	GET  /orders/{id}   → 200 with ETag (304 for a matching If-None-Match)
 //	PUT  /orders/{id}   {"cart_id": "...", "total_cents": ...} with If-Match
 //	                    → 200 with the new ETag, 412 stale, 428 missing
+//	GET  /metrics       the metrics, in Prometheus's format
+//
+// OpenTelemetry is turned on from the standard environment variables
+// (OTEL_TRACES_EXPORTER, OTEL_METRICS_EXPORTER, OTEL_EXPORTER_OTLP_ENDPOINT):
+// a server span per request, in the trace of the client's traceparent, and
+// the idempotency layer's spans and metrics (see dedupeotel).
 package main
 
 import (
@@ -29,6 +35,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactlyonce/dedupe/examples/internal/telemetry"
 )
 
 // Defaults of the environment.
@@ -69,12 +77,18 @@ func run(ctx context.Context, ln net.Listener, databaseURL string, log *slog.Log
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
-	app, err := newApp(ctx, pool, log)
+	tel, err := telemetry.Start(ctx, telemetry.Options{Service: "orders-api", Prometheus: true})
 	if err != nil {
 		_ = ln.Close()
 		return err
 	}
-	srv := &http.Server{Handler: app.routes(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	defer func() { _ = tel.Shutdown(context.WithoutCancel(ctx)) }()
+	app, err := newApp(ctx, pool, log, tel.Observer)
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	srv := &http.Server{Handler: tel.Handler(app.routes()), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 
 	purgeDone := make(chan struct{})
 	go func() {

@@ -1,12 +1,22 @@
 // Command quickstart shows dedupe end to end on one machine with only Go and
-// PostgreSQL: it starts an in-process NATS server with JetStream, publishes a
-// batch of orders with deliberate duplicates, lets several concurrent
+// PostgreSQL: it starts an in-process NATS server with JetStream, places a
+// batch of orders with deliberate duplicates (each enqueued in the
+// transactional outbox and published by its relay), lets several concurrent
 // consumers handle them while some attempts fail and one consumer loses its
 // connection mid-run (so messages are redelivered), and prints how many
 // deliveries there were and how many effects were written: exactly one per
 // unique order.
 //
 //	go run ./examples/quickstart [-orders 200] [-dup 0.25] [-consumers 3] [-workers 4] [-v]
+//
+// With OpenTelemetry turned on from the standard environment variables
+// (OTEL_TRACES_EXPORTER, OTEL_METRICS_EXPORTER, OTEL_EXPORTER_OTLP_ENDPOINT),
+// each order is one trace from its placement to its processing: "place
+// order" → "create orders.created" (the enqueue) → "send orders.created"
+// (the relay) and "process orders.created" (the consumer, once per delivery,
+// with dedupe.outcome claimed, retry or duplicate):
+//
+//	OTEL_TRACES_EXPORTER=console go run ./examples/quickstart -orders 3
 //
 // PostgreSQL is found through DATABASE_URL, else at
 // postgres://postgres@127.0.0.1:5432/test, else in a container started with
@@ -23,6 +33,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+
+	"github.com/exactlyonce/dedupe/examples/internal/telemetry"
 )
 
 func main() {
@@ -42,6 +54,12 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	tel, err := telemetry.Start(ctx, telemetry.Options{Service: "dedupe-quickstart", OutboxSystem: "nats"})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "quickstart: OpenTelemetry:", err)
+		os.Exit(2)
+	}
+	o.Observer, o.TracerProvider = tel.Observer, tel.TracerProvider
 	url, source, cleanup, err := findDatabase(ctx)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
@@ -50,6 +68,9 @@ func main() {
 	o.DatabaseURL, o.DatabaseSource = url, source
 	rep, err := run(ctx, o)
 	cleanup()
+	if serr := tel.Shutdown(context.WithoutCancel(ctx)); serr != nil { // flushes the spans
+		fmt.Fprintln(os.Stderr, "quickstart: OpenTelemetry:", serr)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(2)

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nuid"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactlyonce/dedupe"
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
@@ -42,6 +42,13 @@ type options struct {
 	DatabaseSource string // for the report
 	Logger         *slog.Logger
 	Timeout        time.Duration // Defaults to 60s.
+
+	// Observer is told what the inbox, the outbox and the relay do (the
+	// OpenTelemetry one in main). Defaults to none.
+	Observer dedupe.Observer
+	// TracerProvider traces each order's placement, the request in which
+	// it is enqueued. Defaults to the global one.
+	TracerProvider trace.TracerProvider
 }
 
 // report is what a run came to.
@@ -108,7 +115,7 @@ func run(ctx context.Context, o options) (*report, error) {
 		id bigserial PRIMARY KEY, order_id text NOT NULL, item text NOT NULL, qty int NOT NULL)`); err != nil {
 		return nil, err
 	}
-	inbox, err := dedupe.New(pool, &dedupe.Config{Logger: o.Logger})
+	inbox, err := dedupe.New(pool, &dedupe.Config{Logger: o.Logger, Observer: o.Observer})
 	if err != nil {
 		return nil, err
 	}
@@ -207,8 +214,9 @@ func run(ctx context.Context, o options) (*report, error) {
 		})
 	}
 
-	// Publish every order once and some again, the copies later in the
-	// stream, as a producer resending after a restart would.
+	// Place every order once and some again (a client that retried),
+	// each copy enqueued in the outbox in its own transaction and published
+	// by the relay under its own Nats-Msg-Id.
 	start := time.Now()
 	msgs := make([]order, 0, o.Orders*2)
 	msgs = append(msgs, orders...)
@@ -216,19 +224,8 @@ func run(ctx context.Context, o options) (*report, error) {
 		at := rng.IntN(len(orders))
 		msgs = append(msgs, orders[at])
 	}
-	for _, ord := range msgs {
-		m := nats.NewMsg("orders.created")
-		m.Header.Set(jetstream.MsgIDHeader, nuid.Next())
-		m.Header.Set(orderIDHdr, ord.ID)
-		m.Data, _ = json.Marshal(ord)
-		if _, err := js.PublishMsgAsync(m); err != nil {
-			return nil, fmt.Errorf("publish: %w", err)
-		}
-	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-time.After(o.Timeout):
-		return nil, errors.New("publishes not acknowledged by the stream")
+	if err := publishThroughOutbox(ctx, o, pool, js, msgs); err != nil {
+		return nil, err
 	}
 	rep.Unique, rep.Published = int64(len(orders)), int64(len(msgs))
 

@@ -21,6 +21,12 @@
 // At least one secret is required; a route whose secret is unset answers
 // 404. On start it applies the dedupe migrations and creates webhook_events
 // if missing.
+//
+// GET /metrics serves the metrics in Prometheus's format. OpenTelemetry is
+// turned on from the standard environment variables (OTEL_TRACES_EXPORTER,
+// OTEL_METRICS_EXPORTER, OTEL_EXPORTER_OTLP_ENDPOINT): a server span per
+// delivery, and a process span per event with dedupe.outcome (see
+// dedupeotel).
 package main
 
 import (
@@ -40,6 +46,7 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/adapters/webhook"
+	"github.com/exactlyonce/dedupe/examples/internal/telemetry"
 )
 
 // DefaultAddr is where the receiver listens when ADDR is unset.
@@ -81,9 +88,10 @@ func Setup(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// NewMux returns the receiver's routes for the configured secrets.
-func NewMux(pool *pgxpool.Pool, s Secrets, logger *slog.Logger) (*http.ServeMux, error) {
-	inbox, err := dedupe.New(pool, &dedupe.Config{Logger: logger})
+// NewMux returns the receiver's routes for the configured secrets; their
+// inbox reports to obs (nil for none).
+func NewMux(pool *pgxpool.Pool, s Secrets, logger *slog.Logger, obs dedupe.Observer) (*http.ServeMux, error) {
+	inbox, err := dedupe.New(pool, &dedupe.Config{Logger: logger, Observer: obs})
 	if err != nil {
 		return nil, err
 	}
@@ -146,11 +154,16 @@ func run(ctx context.Context, getenv func(string) string, logger *slog.Logger, r
 	if err := Setup(ctx, pool); err != nil {
 		return err
 	}
+	tel, err := telemetry.Start(ctx, telemetry.Options{Service: "webhook-receiver", Prometheus: true})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tel.Shutdown(context.WithoutCancel(ctx)) }()
 	mux, err := NewMux(pool, Secrets{
 		Stripe:   getenv("STRIPE_WEBHOOK_SECRET"),
 		GitHub:   getenv("GITHUB_WEBHOOK_SECRET"),
 		Standard: getenv("STANDARD_WEBHOOK_SECRET"),
-	}, logger)
+	}, logger, tel.Observer)
 	if err != nil {
 		return err
 	}
@@ -159,7 +172,7 @@ func run(ctx context.Context, getenv func(string) string, logger *slog.Logger, r
 		return err
 	}
 	srv := &http.Server{
-		Handler:           mux,
+		Handler:           tel.Handler(mux),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,

@@ -97,7 +97,7 @@ func TestReceiverRecordsEachEventOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	mux, err := NewMux(db.Pool, Secrets{Stripe: stripeSecret, GitHub: githubSecret, Standard: standardSecret}, quiet)
+	mux, err := NewMux(db.Pool, Secrets{Stripe: stripeSecret, GitHub: githubSecret, Standard: standardSecret}, quiet, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,75 @@
+// Package telemetry turns OpenTelemetry on in the examples: the SDK from the
+// standard OTEL_* environment variables (otelsetup), and a dedupe Observer
+// reporting to it.
+//
+//	OTEL_TRACES_EXPORTER=console go run ./examples/quickstart -orders 3
+//	OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 OTEL_TRACES_EXPORTER=otlp OTEL_METRICS_EXPORTER=otlp go run ./examples/orders-api
+//
+// The examples that serve HTTP also serve their metrics at GET /metrics in
+// Prometheus's format, through the OTel Prometheus exporter.
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+
+	dedupeotel "github.com/exactlyonce/dedupe/otel"
+	"github.com/exactlyonce/dedupe/otel/otelsetup"
+)
+
+// Options configure Start.
+type Options struct {
+	// Service is the service.name, unless OTEL_SERVICE_NAME sets it.
+	Service string
+	// OutboxSystem is the broker the outbox publishes to ("nats",
+	// "kafka"), for its spans. Defaults to none.
+	OutboxSystem string
+	// Prometheus serves the metrics through Handler's GET /metrics.
+	Prometheus bool
+}
+
+// Telemetry is a program's OpenTelemetry and its dedupe Observer.
+type Telemetry struct {
+	*otelsetup.Telemetry
+	// Observer reports what dedupe does to the program's providers: set it
+	// as dedupe.Config.Observer.
+	Observer *dedupeotel.Observer
+	service  string
+}
+
+// Start configures OpenTelemetry from the environment and builds the
+// Observer on its providers. Call Shutdown before exiting.
+func Start(ctx context.Context, o Options) (*Telemetry, error) {
+	tel, err := otelsetup.Start(ctx, &otelsetup.Config{ServiceName: o.Service, Prometheus: o.Prometheus})
+	if err != nil {
+		return nil, err
+	}
+	obs, err := dedupeotel.New(&dedupeotel.Config{TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider,
+		Propagator: tel.Propagator, OutboxSystem: o.OutboxSystem})
+	if err != nil {
+		return nil, errors.Join(err, tel.Shutdown(ctx))
+	}
+	return &Telemetry{Telemetry: tel, Observer: obs, service: o.Service}, nil
+}
+
+// Handler serves routes traced by otelhttp (a server span per request, in
+// the trace of the caller's traceparent), and the metrics at GET /metrics
+// when Options.Prometheus is set.
+func (t *Telemetry) Handler(routes http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	if t.MetricsHandler != nil {
+		mux.Handle("GET /metrics", t.MetricsHandler)
+	}
+	mux.Handle("/", otelhttp.NewHandler(routes, t.service,
+		otelhttp.WithTracerProvider(t.TracerProvider), otelhttp.WithMeterProvider(t.MeterProvider),
+		otelhttp.WithPropagators(t.Propagator)))
+	return mux
+}
+
+// Shutdown stops the Observer's gauges and flushes the exporters.
+func (t *Telemetry) Shutdown(ctx context.Context) error {
+	return errors.Join(t.Observer.Close(), t.Telemetry.Shutdown(ctx))
+}
