@@ -152,6 +152,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	key := dedupe.Key{Scope: tenant, ID: id, Fingerprint: m.cfg.Fingerprint(r, body)}
+	ctx, done := m.observe(r.Context(), r, key)
+	r = r.WithContext(ctx)
 	var (
 		claim *dedupe.Claim
 		tx    pgx.Tx
@@ -160,6 +162,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		tx, claim, err = m.claimTx(r.Context(), key)
 	} else {
 		claim, err = m.inbox.Begin(r.Context(), key)
+	}
+	if err != nil || claim.Outcome != dedupe.OutcomeClaimed {
+		done(claim, err)
 	}
 	switch {
 	case errors.Is(err, dedupe.ErrInvalidKey):
@@ -177,7 +182,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	switch claim.Outcome {
 	case dedupe.OutcomeClaimed:
-		m.execute(w, r, next, claim, tx, body)
+		settled, aborted := m.execute(w, r, next, claim, tx, body)
+		done(claim, settled)
+		if aborted {
+			panic(http.ErrAbortHandler)
+		}
 	case dedupe.OutcomeDuplicate:
 		replay(w, claim.Result)
 	case dedupe.OutcomeInFlight:
@@ -243,8 +252,10 @@ func replay(w http.ResponseWriter, res *dedupe.Result) {
 
 // execute runs the handler for a claimed key and settles the claim. tx is
 // the request transaction holding the claim in transactional mode, nil in
-// leased mode.
-func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, claim *dedupe.Claim, tx pgx.Tx, body []byte) {
+// leased mode. It returns the error the claim was settled with (nil when the
+// response was stored) and whether the handler aborted the response (the
+// caller then panics with http.ErrAbortHandler, as net/http expects).
+func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, claim *dedupe.Claim, tx pgx.Tx, body []byte) (settled error, aborted bool) {
 	req := &request{db: m.db, claim: claim, txOpts: m.cfg.TxOptions}
 	if tx != nil {
 		req.tx = newGuard(tx)
@@ -298,9 +309,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	default:
 		s.complete(w, r, rec)
 	}
-	if aborted {
-		panic(http.ErrAbortHandler)
-	}
+	return s.err, aborted
 }
 
 // run calls the handler and returns a *PanicError-wrapping *Error if it

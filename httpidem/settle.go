@@ -42,6 +42,7 @@ type settlement struct {
 	status        txState
 	transactional bool // the claim is in tx
 	log           *slog.Logger
+	err           error // what the claim was settled with, for the Observer
 }
 
 func (m *Middleware) newSettlement(rctx context.Context, claim *dedupe.Claim, g *guardedTx) *settlement {
@@ -76,6 +77,7 @@ func (s *settlement) complete(w http.ResponseWriter, r *http.Request, rec *recor
 	m := s.m
 	res := rec.result(m.cfg.StoredHeaders)
 	var err error
+	defer func() { s.err = err }()
 	switch {
 	case s.transactional:
 		err = s.commitWith(func() error { return m.inbox.StoreResultTx(s.ctx, s.tx, s.claim, res) })
@@ -119,6 +121,7 @@ func (s *settlement) commitWith(store func() error) error {
 // either way.
 func (s *settlement) serverError(w http.ResponseWriter, rec *recorder, cause error, canceled bool) {
 	m := s.m
+	s.err = cause
 	if canceled || m.cfg.ServerErrors == RetryServerErrors {
 		s.abandon(cause)
 		rec.writeTo(w)
@@ -163,6 +166,7 @@ func (s *settlement) ended(w http.ResponseWriter, r *http.Request) {
 	rollback(s.ctx, s.tx) // frees the connection
 	broken := s.status == txBroken
 	endedErr := newError(http.StatusInternalServerError, ErrTxEnded, "the request transaction was ended behind the middleware's back", nil)
+	s.err = endedErr
 	if !s.transactional {
 		if broken {
 			s.log.ErrorContext(s.ctx, "httpidem: the request transaction's connection was lost; nothing committed")
@@ -201,6 +205,7 @@ func (s *settlement) ended(w http.ResponseWriter, r *http.Request) {
 // abandon rolls the request's work back and frees the key, so that a retry
 // executes again.
 func (s *settlement) abandon(cause error) {
+	s.err = cause
 	rollback(s.ctx, s.tx) // in transactional mode, the claim goes with it
 	s.releaseLeased(cause)
 }

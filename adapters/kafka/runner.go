@@ -135,6 +135,7 @@ func newRunner(inbox *dedupe.Inbox, rc kafka.ReaderConfig, cfg Config, h Handler
 		Fingerprint: c.Fingerprint,
 		IsoLevel:    c.IsoLevel,
 		MaxAttempts: c.MaxAttempts,
+		Describe:    describe(rc.GroupID),
 	}
 	// One message at a time and in batches, through the core's consumers:
 	// the same transaction driver, guard and attempt counting.

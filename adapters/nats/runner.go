@@ -55,6 +55,7 @@ func New(inbox *dedupe.Inbox, cons jetstream.Consumer, h dedupe.HandlerFunc[jets
 		IsoLevel:    c.IsoLevel,
 		LockTimeout: c.LockTimeout,
 		MaxAttempts: c.MaxAttempts,
+		Describe:    describe(consumerName(cons)),
 	}, lastDeliveryHandler(h, c.maxDeliver))
 	if err != nil {
 		return nil, err

@@ -156,6 +156,7 @@ func New(inbox *dedupe.Inbox, v Verifier, cfg Config, h dedupe.HandlerFunc[Event
 		Key:         func(e Event) (string, error) { return e.key(), nil },
 		LockTimeout: c.LockTimeout,
 		MaxAttempts: c.MaxAttempts,
+		Describe:    describe,
 	}, h)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)

@@ -1,0 +1,55 @@
+package httpidem
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/exactlyonce/dedupe"
+)
+
+// messageInfo is what the inbox's Observer is told of a request: its route
+// (the ServeMux pattern when the middleware runs inside one, else the
+// method), its idempotency key and its headers, which carry the caller's
+// trace context.
+func messageInfo(r *http.Request, id string) dedupe.MessageInfo {
+	dest := r.Pattern
+	if dest == "" {
+		dest = r.Method
+	}
+	return dedupe.MessageInfo{System: "http", Destination: dest, ID: id, Partition: -1, Offset: -1,
+		Headers: dedupe.MapHeaders(r.Header)}
+}
+
+// observe starts observing a request's handling with the inbox's Observer.
+// In leased mode the core observes (Begin, then Complete or Fail), so it
+// only puts the request's MessageInfo in the context; in transactional mode,
+// where the claim is a statement of the request's transaction, the
+// middleware reports the handling itself: done is called once, with the
+// claim's outcome and the error that settled it.
+func (m *Middleware) observe(ctx context.Context, r *http.Request, key dedupe.Key) (context.Context, func(*dedupe.Claim, error)) {
+	obs := m.cfg.Inbox.Observer
+	if obs == nil {
+		return ctx, func(*dedupe.Claim, error) {}
+	}
+	info := messageInfo(r, key.ID)
+	if m.mode != Transactional {
+		return dedupe.WithMessageInfo(ctx, info), func(*dedupe.Claim, error) {}
+	}
+	start := time.Now()
+	ctx, done := obs.StartHandle(ctx, dedupe.HandleInfo{Key: key, Mode: "transactional", Message: info})
+	return ctx, func(c *dedupe.Claim, err error) {
+		d := dedupe.HandleDone{Err: err, Duration: time.Since(start)}
+		switch {
+		case c != nil:
+			d.Outcome, d.Attempt = c.Outcome, c.Attempt
+			if d.Err == nil {
+				d.Err = c.Outcome.Err()
+			}
+		case errors.Is(err, dedupe.ErrInFlight):
+			d.Outcome = dedupe.OutcomeInFlight
+		}
+		done(d)
+	}
+}
