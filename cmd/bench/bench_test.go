@@ -6,85 +6,148 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 )
 
 func TestMain(m *testing.M) { dbtest.VerifyTestMain(m) }
 
+// tinyArgs are settings that run the whole program in seconds.
+func tinyArgs(t *testing.T, more ...string) []string {
+	return append([]string{"-dsn", dbtest.BaseURL(t), "-duration", "120ms", "-warmup", "30ms", "-rounds", "2",
+		"-workers", "1,2", "-batch", "10", "-probe-ops", "30", "-dup-keys", "200", "-inbox-rows", "2000",
+		"-size-workers", "2", "-purge-rows", "3000", "-timeout", "5m", "-markdown"}, more...)
+}
+
+// mdTables splits a Markdown report into its tables: title → rows of cells.
+func mdTables(out string) map[string][][]string {
+	tables := map[string][][]string{}
+	title := ""
+	for _, line := range strings.Split(out, "\n") {
+		switch {
+		case strings.HasPrefix(line, "#### "):
+			title = strings.TrimPrefix(line, "#### ")
+		case strings.HasPrefix(line, "| ") && title != "":
+			cells := strings.Split(strings.Trim(line, "| "), " | ")
+			tables[title] = append(tables[title], cells)
+		}
+	}
+	// Drop the header rows.
+	for k, rows := range tables {
+		tables[k] = rows[1:]
+	}
+	return tables
+}
+
+// tableOf returns the rows of the table whose title starts with prefix.
+func tableOf(t *testing.T, tables map[string][][]string, prefix string) [][]string {
+	t.Helper()
+	for title, rows := range tables {
+		if strings.HasPrefix(title, prefix) {
+			return rows
+		}
+	}
+	t.Fatalf("no table %q in %v", prefix, tables)
+	return nil
+}
+
 // TestBenchTinyRunReportsEveryRow runs the whole program with tiny settings
-// so that it cannot rot: every scenario, the inbox sizes and the purge must
-// appear with a positive throughput and a ratio where one is due.
+// so that it cannot rot: every comparison at every worker count with both
+// throughputs and a ratio from both rounds, the round trips and allocations
+// of each side, the inbox size and the purge.
 func TestBenchTinyRunReportsEveryRow(t *testing.T) {
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
-	code := run(context.Background(), []string{"-dsn", dbtest.BaseURL(t), "-duration", "150ms", "-warmup", "20ms",
-		"-workers", "1,2", "-batch", "10", "-inbox-rows", "2000", "-size-workers", "2", "-transport-msgs", "60", "-markdown"}, &stdout, &stderr)
+	start := time.Now()
+	code := run(context.Background(), tinyArgs(t), &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("exit code %d: %s", code, stderr.String())
 	}
 	out := stdout.String()
-	t.Log(out)
+	t.Logf("%v\n%s", time.Since(start), out)
+	tables := mdTables(out)
 	rows := map[string]int{}
-	ratios := map[string]int{} // ratio cells by row name
-	for _, line := range strings.Split(out, "\n") {
-		if !strings.HasPrefix(line, "| ") || strings.HasPrefix(line, "| scenario") || strings.HasPrefix(line, "| inbox rows") || strings.HasPrefix(line, "| run ") || strings.HasPrefix(line, "| consumer ") {
-			continue
-		}
-		cells := strings.Split(strings.Trim(line, "| "), " | ")
-		rows[cells[0]]++
-		for _, c := range cells {
-			if c == "0" && cells[0] != "0" {
-				t.Errorf("zero cell in %q", line)
+	for _, title := range []string{titleCore, titleTransport} {
+		for _, cells := range tableOf(t, tables, title) {
+			name := strings.TrimSuffix(cells[0], " (price of dedup)")
+			rows[name]++
+			for i, col := range []int{3, 4} {
+				if tp, err := strconv.ParseFloat(cells[col], 64); err != nil || tp <= 0 {
+					t.Errorf("throughput %d %q in %q", i, cells[col], cells)
+				}
+			}
+			if !strings.HasSuffix(cells[5], "×") || !strings.Contains(cells[6], "–") {
+				t.Errorf("ratio %q, range %q in %q", cells[5], cells[6], cells)
 			}
 		}
-		// The main and transport tables: scenario, workers, msgs/s, p50,
-		// p99, latency of, vs, ratio. A row has a ratio exactly when it
-		// names a baseline, and a positive throughput.
-		if len(cells) == 8 {
-			if tp, err := strconv.ParseFloat(cells[2], 64); err != nil || tp <= 0 {
-				t.Errorf("throughput %q in %q", cells[2], line)
+	}
+	for _, c := range comparisons {
+		if rows[c.name] != 2 {
+			t.Errorf("comparison %q: %d rows, want 2 (one per worker count)", c.name, rows[c.name])
+		}
+	}
+	costs := map[string][]string{}
+	for _, cells := range tableOf(t, tables, titleCost) {
+		costs[strings.TrimSuffix(cells[0], " (price of dedup)")] = cells
+		for _, c := range cells[2:5] {
+			if c == "—" || !strings.Contains(c, " / ") {
+				t.Errorf("cost %q in %q", c, cells)
 			}
-			if hasBase, hasRatio := cells[6] != "—", strings.HasSuffix(cells[7], "×"); hasBase != hasRatio {
-				t.Errorf("baseline %q but ratio %q in %q", cells[6], cells[7], line)
-			}
-		}
-		ratios[cells[0]] += strings.Count(line, "×")
-	}
-	for _, sc := range scenarios {
-		if rows[sc.name] != 2 {
-			t.Errorf("scenario %q: %d rows, want 2 (one per worker count)", sc.name, rows[sc.name])
 		}
 	}
-	for name, want := range map[string]int{"hand-written JetStream consumer": 2, "dedupenats.Runner": 2,
-		kafkaHandSync: 2, kafkaHandAsync: 2, kafkaRunner: 4, // the runner against each Kafka baseline
-		"hand-written outbox relay → JetStream": 2, "dedupe.Relay → JetStream": 2} {
-		if rows[name] != want {
-			t.Errorf("transport %q: %d rows, want %d", name, rows[name], want)
+	if len(costs) != len(comparisons) {
+		t.Errorf("%d cost rows, want %d", len(costs), len(comparisons))
+	}
+	// The round trips of the core's hot paths, counted at the socket: a new
+	// key costs BEGIN+claim (one pipeline), the effect and COMMIT against
+	// BEGIN, claim, effect, COMMIT by hand; a duplicate costs the pipeline
+	// and ROLLBACK against BEGIN, claim, read, COMMIT.
+	for name, want := range map[string]string{
+		"Consumer.Handle, new key":   "3.00 / 4.00",
+		"Consumer.Handle, duplicate": "2.00 / 4.00",
+		"Inbox.ClaimBatch + effects": "0.40 / 0.40",
+	} {
+		if got := costs[name]; len(got) < 3 || got[2] != want {
+			t.Errorf("round trips of %q = %v, want %s", name, got, want)
 		}
 	}
-	for _, want := range []string{"0", "2000", "Handle, no purge", "Handle while Purge runs"} {
-		if rows[want] != 1 {
-			t.Errorf("row %q: %d, want 1", want, rows[want])
-		}
+	sizes := tableOf(t, tables, titleSizes)
+	if len(sizes) != 1 || sizes[0][0] != "2000" || !strings.HasSuffix(sizes[0][3], "×") {
+		t.Errorf("inbox size rows %q", sizes)
 	}
-	for _, name := range []string{"2000", "Handle while Purge runs"} {
-		if ratios[name] != 1 {
-			t.Errorf("row %q: %d ratios, want 1", name, ratios[name])
-		}
+	purge := tableOf(t, tables, titlePurge)
+	if len(purge) != 2 || !strings.Contains(purge[1][0], "while") || !strings.HasSuffix(purge[1][5], "×") {
+		t.Errorf("purge rows %q", purge)
 	}
-	if !strings.Contains(out, "purged 2000 of 2000 expired keys") {
-		t.Errorf("the purge did not delete every expired key:\n%s", out)
+}
+
+// TestBenchOnlyPicksRows runs one comparison alone: -only selects by either
+// side's name, and nothing else runs.
+func TestBenchOnlyPicksRows(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), tinyArgs(t, "-only", "classify", "-transports=false", "-workers", "1"), &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit code %d: %s", code, stderr.String())
 	}
-	if strings.Count(out, "×") < 3*2+2+3*2 {
-		t.Errorf("missing ratios:\n%s", out)
+	tables := mdTables(stdout.String())
+	core := tableOf(t, tables, titleCore)
+	if len(core) != 1 || core[0][0] != "Consumer.Handle, duplicate" {
+		t.Errorf("rows %q, want the duplicate row alone", core)
+	}
+	if len(tables) != 2 {
+		t.Errorf("tables %v, want the core and the cost table", tables)
 	}
 }
 
 func TestBenchRefusesBadFlags(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
-		{"-workers", "0"}, {"-workers", "x"}, {"-duration", "0"}, {"-batch", "0"}, {"-inbox-rows", "-5"}, {"stray"},
+		{"-workers", "0"}, {"-workers", "x"}, {"-duration", "0"}, {"-batch", "0"}, {"-inbox-rows", "-5"},
+		{"-rounds", "0"}, {"-probe-ops", "0"}, {"-purge-rows", "x"}, {"-timeout", "0"}, {"stray"},
+		{"-dsn", "postgres://postgres@db.example.com:5432/test"},
+		{"-dsn", "postgres://postgres@10.0.0.7:5432/test"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run(context.Background(), args, &stdout, &stderr); code != 2 {
@@ -93,5 +156,20 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 		if stdout.Len() != 0 {
 			t.Errorf("run %q printed %q", args, stdout.String())
 		}
+	}
+}
+
+func TestLoopbackHosts(t *testing.T) {
+	t.Parallel()
+	for host, want := range map[string]bool{
+		"127.0.0.1": true, "::1": true, "localhost": true, "/var/run/postgresql": true, "127.1.2.3": true,
+		"10.0.0.7": false, "db.example.com": false, "": false,
+	} {
+		if got := isLoopback(host); got != want {
+			t.Errorf("isLoopback(%q) = %v, want %v", host, got, want)
+		}
+	}
+	if err := loopbackOnly("postgres://u@127.0.0.1:5432/x?sslmode=disable"); err != nil {
+		t.Errorf("loopback refused: %v", err)
 	}
 }

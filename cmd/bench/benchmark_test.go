@@ -21,7 +21,7 @@ func benchSetup(b *testing.B) *bench {
 	if _, err := db.Pool.Exec(ctx, sqlCreateEffects); err != nil {
 		b.Fatal(err)
 	}
-	be, err := newBench(&options{batch: 100}, db.Pool)
+	be, err := newBench(&options{batch: 100, dupKeys: 1}, db.Pool, meter{wire: &wire{}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,21 +1,33 @@
-// Command bench measures dedupe against the hand-written equivalent on the
-// local PostgreSQL, side by side in the same run: a transaction with the
-// effect only, a hand-written claim plus effect, Consumer.Handle, hand-written
-// batch SQL and Inbox.ClaimBatch, each for 1, 8 and 32 workers, and the
-// NATS JetStream runner, the Kafka runner and the outbox relay against
-// hand-written consumers and a hand-written relay. It prints
-// throughput, p50/p99 latency and the ratio to the baseline; it then measures
-// how the cost grows with the size of the inbox and what a retention purge
-// costs the consumers that run meanwhile.
+// Command bench measures dedupe against the hand-written equivalent that does
+// the same work, side by side on the local PostgreSQL: Consumer.Handle for new
+// keys and for duplicates (against a hand-written transaction that also reads
+// the taken key's row to classify it), Inbox.ClaimBatch, the httpidem
+// middleware for new requests and replays (against a hand-written handler
+// that also stores and replays its response), and, with in-process brokers,
+// the NATS JetStream runner, the Kafka runner and the outbox relay against
+// hand-written consumers and a hand-written relay.
 //
-// It works in a private schema of the database it is given (-dsn, else
-// DATABASE_URL, else postgres://postgres@127.0.0.1:5432/test), which it drops
-// at the end. Every row runs for -duration after a -warmup.
+// Every row runs -rounds interleaved rounds: the hand-written side and the
+// library back to back, which goes first alternating, each for -duration
+// after -warmup, so that a ratio compares runs that saw the same machine.
+// The report gives each side's msgs/s over all rounds, the median and range
+// of the rounds' ratios, p50/p99 latencies, and per message each side's
+// PostgreSQL round trips (writes to the pool's sockets) and allocations,
+// counted by a sequential probe of -probe-ops operations. It then measures
+// how Consumer.Handle holds up as the inbox grows (-inbox-rows), and what a
+// retention purge of -purge-rows expired keys costs, alone and while
+// consumers run.
+//
+// It works in a private schema of a database on this machine (-dsn, else
+// DATABASE_URL, else postgres://postgres@127.0.0.1:5432/test; a remote host
+// is refused), which it drops at the end, and stops by itself: every run is
+// time-boxed, and the whole run fails after -timeout.
 //
 // Usage:
 //
-//	go run ./cmd/bench -duration 3s -markdown
-//	go run ./cmd/bench -inbox-rows 1e5,1e6,1e7
+//	go run ./cmd/bench -markdown                 # 3 rounds of 2s per side and row
+//	go run ./cmd/bench -only Handle -rounds 5
+//	go run ./cmd/bench -only "inbox size" -inbox-rows 1e5,1e6,1e7
 package main
 
 import (

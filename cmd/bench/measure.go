@@ -2,41 +2,70 @@ package main
 
 import (
 	"context"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// op performs one unit of work (one message, or one batch) for worker w and
-// returns how many messages it processed.
+// op performs one unit of work (one message, one batch or one request) for
+// worker w and returns how many messages it processed.
 type op func(ctx context.Context, w int) (msgs int, err error)
 
-// result is one measured row.
-type result struct {
-	scenario string
-	baseline string // the scenario this one is compared with ("" for none)
-	workers  int
-	msgs     int64
-	elapsed  time.Duration
-	p50, p99 time.Duration // latency of one op
-	unit     string        // what one op is: "msg" or "batch of N"
-	ratio    float64       // throughput relative to the baseline (0 when none)
-	note     string
+// sample is one measured run of one side: how many messages it completed in
+// how long, the latency of each unit of work, and what the process spent
+// meanwhile (socket writes to PostgreSQL, heap allocations).
+type sample struct {
+	msgs    int64
+	elapsed time.Duration
+	lat     []time.Duration
+	// drainedEarly: a transport's backlog ran out before the window ended,
+	// so elapsed stops where the last message was done.
+	drainedEarly bool
+	usage
 }
 
 // throughput is messages per second.
-func (r *result) throughput() float64 {
-	if r.elapsed <= 0 {
+func (s *sample) throughput() float64 {
+	if s.elapsed <= 0 {
 		return 0
 	}
-	return float64(r.msgs) / r.elapsed.Seconds()
+	return float64(s.msgs) / s.elapsed.Seconds()
 }
 
-// measure runs f on workers goroutines for d (after a short warm-up that is
-// not counted) and returns the throughput and op latencies. The first error
-// stops the run.
-func measure(ctx context.Context, workers int, warmup, d time.Duration, f op) (*result, error) {
+// usage is what the process spent over a window: PostgreSQL round trips
+// (writes to its sockets) and heap allocations.
+type usage struct {
+	writes         int64
+	mallocs, bytes uint64
+}
+
+// meter reads the counters that make up a usage.
+type meter struct{ wire *wire }
+
+// read returns the counters now. It stops the world briefly: call it at the
+// edges of a window, never inside one.
+func (m meter) read() usage {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return usage{writes: m.wire.writes.Load(), mallocs: ms.Mallocs, bytes: ms.TotalAlloc}
+}
+
+// since is what was spent from u0 to u.
+func (u usage) since(u0 usage) usage {
+	return usage{writes: u.writes - u0.writes, mallocs: u.mallocs - u0.mallocs, bytes: u.bytes - u0.bytes}
+}
+
+// measure runs f on workers goroutines for d after an uncounted warm-up and
+// returns the messages done, their op latencies and the usage of the
+// measured window. The first error stops the run.
+func measure(ctx context.Context, m meter, workers int, warmup, d time.Duration, f op) (*sample, error) {
+	return measureWindow(ctx, m, workers, warmup, f, func(ctx context.Context) { sleepCtx(ctx, d) })
+}
+
+// measureWindow is measure with a window that lasts as long as window runs.
+func measureWindow(ctx context.Context, m meter, workers int, warmup time.Duration, f op, window func(ctx context.Context)) (*sample, error) {
 	var (
 		msgs     atomic.Int64
 		counting atomic.Bool
@@ -74,11 +103,13 @@ func measure(ctx context.Context, workers int, warmup, d time.Duration, f op) (*
 		})
 	}
 	sleepCtx(runCtx, warmup)
+	u0 := m.read()
 	counting.Store(true)
 	start := time.Now()
-	sleepCtx(runCtx, d)
+	window(runCtx)
 	counting.Store(false)
 	elapsed := time.Since(start)
+	u := m.read().since(u0)
 	close(stopAt)
 	wg.Wait()
 	if firstErr != nil {
@@ -87,11 +118,44 @@ func measure(ctx context.Context, workers int, warmup, d time.Duration, f op) (*
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	all := slices.Concat(lat...)
-	slices.Sort(all)
-	r := &result{workers: workers, msgs: msgs.Load(), elapsed: elapsed}
-	r.p50, r.p99 = percentile(all, 0.50), percentile(all, 0.99)
-	return r, nil
+	return &sample{msgs: msgs.Load(), elapsed: elapsed, lat: slices.Concat(lat...), usage: u}, nil
+}
+
+// probe runs f n times on one goroutine, after a few uncounted runs, and
+// returns the usage per message: the round trips and allocations of the
+// operation itself, undisturbed by other workers. The counters are
+// process-wide, so nothing else may run meanwhile.
+func probe(ctx context.Context, m meter, n int, f op) (perMsg cost, err error) {
+	for range min(n, 20) {
+		if _, err := f(ctx, 0); err != nil {
+			return cost{}, err
+		}
+	}
+	runtime.GC()
+	u0 := m.read()
+	msgs := 0
+	for range n {
+		k, err := f(ctx, 0)
+		if err != nil {
+			return cost{}, err
+		}
+		msgs += k
+	}
+	return costOf(m.read().since(u0), int64(msgs)), nil
+}
+
+// cost is a usage per message.
+type cost struct {
+	roundTrips, allocs, bytes float64
+	valid                     bool
+}
+
+func costOf(u usage, msgs int64) cost {
+	if msgs <= 0 {
+		return cost{}
+	}
+	n := float64(msgs)
+	return cost{roundTrips: float64(u.writes) / n, allocs: float64(u.mallocs) / n, bytes: float64(u.bytes) / n, valid: true}
 }
 
 // percentile returns the p-quantile of sorted latencies (nearest rank).
@@ -111,4 +175,26 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-t.C:
 	}
+}
+
+// latencies collects op latencies from many goroutines.
+type latencies struct {
+	mu  sync.Mutex
+	on  atomic.Bool // record only inside the measured window
+	all []time.Duration
+}
+
+func (l *latencies) add(d time.Duration) {
+	if !l.on.Load() {
+		return
+	}
+	l.mu.Lock()
+	l.all = append(l.all, d)
+	l.mu.Unlock()
+}
+
+func (l *latencies) take() []time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.all
 }

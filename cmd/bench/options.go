@@ -5,54 +5,61 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactlyonce/dedupe/internal/scratch"
 )
 
 // options are the benchmark's flags.
 type options struct {
-	dsn         string
-	workers     []int
-	duration    time.Duration
-	warmup      time.Duration
-	batch       int
+	dsn      string
+	workers  []int
+	duration time.Duration // measured time of one side in one round
+	warmup   time.Duration
+	rounds   int
+	batch    int
+	// probeOps is how many operations the sequential probe of round trips
+	// and allocations runs per side.
+	probeOps int
+	// dupKeys is how many committed keys the duplicate rows cycle through.
+	dupKeys     int
 	inboxRows   []int64
 	sizeWorkers int
-	purge       bool
+	purgeRows   int64
 	markdown    bool
 	maxConns    int
 	only        []string
 	transports  bool
-	rounds      int
-	// transportMsgs is how many messages each transport row drains.
-	transportMsgs    int
-	transportTimeout time.Duration
+	timeout     time.Duration
 }
 
 func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var workers, rows, only string
-	fs.StringVar(&o.dsn, "dsn", "", "PostgreSQL connection string (defaults to $DATABASE_URL, else "+scratch.LocalDSN+")")
-	fs.StringVar(&workers, "workers", "1,8,32", "comma-separated worker counts")
-	fs.DurationVar(&o.duration, "duration", 2*time.Second, "measured time per row")
-	fs.DurationVar(&o.warmup, "warmup", 200*time.Millisecond, "unmeasured warm-up per row")
-	fs.IntVar(&o.batch, "batch", 100, "messages per batch of the batch scenarios")
-	fs.StringVar(&rows, "inbox-rows", "1e5", "comma-separated inbox sizes to preload with generate_series (e.g. 1e5,1e6,1e7; empty: skip)")
-	fs.IntVar(&o.sizeWorkers, "size-workers", 8, "workers of the inbox-size and purge measurements")
-	fs.BoolVar(&o.purge, "purge", true, "measure a retention purge of -inbox-rows[0] expired keys while consumers run")
+	var workers, rows, purgeRows, only string
+	fs.StringVar(&o.dsn, "dsn", "", "PostgreSQL on this machine (loopback or a Unix socket; defaults to $DATABASE_URL, else "+scratch.LocalDSN+")")
+	fs.StringVar(&workers, "workers", "1,8,32", "comma-separated worker counts (JetStream workers, Kafka partitions, relays in the transport rows)")
+	fs.DurationVar(&o.duration, "duration", 2*time.Second, "measured time of each side in each round")
+	fs.DurationVar(&o.warmup, "warmup", 200*time.Millisecond, "unmeasured warm-up before each measured run")
+	fs.IntVar(&o.rounds, "rounds", 3, "interleaved rounds per row: library and hand-written in turn, which goes first alternating")
+	fs.IntVar(&o.batch, "batch", 100, "messages per batch of the batch rows")
+	fs.IntVar(&o.probeOps, "probe-ops", 300, "operations of the sequential probe that counts round trips and allocations per message")
+	fs.IntVar(&o.dupKeys, "dup-keys", 10000, "committed keys the duplicate and replay rows cycle through")
+	fs.StringVar(&rows, "inbox-rows", "1e5", "comma-separated inbox sizes to preload with generate_series for the inbox-size rows (e.g. 1e5,1e6,1e7; empty: skip)")
+	fs.IntVar(&o.sizeWorkers, "size-workers", 8, "workers of the inbox-size and purge rows")
+	fs.StringVar(&purgeRows, "purge-rows", "1e5", "expired keys Inbox.Purge deletes in the purge rows (0: skip)")
 	fs.BoolVar(&o.markdown, "markdown", false, "print the report as Markdown tables")
 	fs.IntVar(&o.maxConns, "max-conns", 34, "connections of the pool at most (PostgreSQL's max_connections is shared)")
-	fs.StringVar(&only, "only", "", "comma-separated substrings: run only the scenarios whose name contains one")
-	fs.BoolVar(&o.transports, "transports", true, "also measure the NATS and Kafka runners against hand-written consumers")
-	fs.IntVar(&o.transportMsgs, "transport-msgs", 2000, "messages each transport row publishes and drains")
-	fs.DurationVar(&o.transportTimeout, "transport-timeout", 5*time.Minute, "the transport section fails after this")
-	fs.IntVar(&o.rounds, "rounds", 1, "repeat the main sweep this often and keep the median round per row")
+	fs.StringVar(&only, "only", "", "comma-separated substrings: run only the rows whose name contains one")
+	fs.BoolVar(&o.transports, "transports", true, "also measure the NATS and Kafka runners and the outbox relay (in-process brokers)")
+	fs.DurationVar(&o.timeout, "timeout", time.Hour, "the whole run stops with an error after this")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -60,6 +67,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	o.dsn = scratch.DSN(o.dsn)
+	if err := loopbackOnly(o.dsn); err != nil {
+		return nil, err
+	}
 	for _, w := range strings.Split(workers, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(w))
 		if err != nil || n < 1 || n > 256 {
@@ -67,16 +77,16 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		}
 		o.workers = append(o.workers, n)
 	}
-	for _, r := range strings.Split(rows, ",") {
-		r = strings.TrimSpace(r)
-		if r == "" {
-			continue
-		}
-		f, err := strconv.ParseFloat(r, 64)
-		if err != nil || f < 1 || f > 1e9 {
-			return nil, fmt.Errorf("-inbox-rows: %q is not a row count in [1, 1e9]", r)
-		}
-		o.inboxRows = append(o.inboxRows, int64(f))
+	var err error
+	if o.inboxRows, err = counts("-inbox-rows", rows, 1); err != nil {
+		return nil, err
+	}
+	pr, err := counts("-purge-rows", purgeRows, 0)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range pr {
+		o.purgeRows = n
 	}
 	if only != "" {
 		o.only = strings.Split(only, ",")
@@ -86,21 +96,70 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("-duration must be positive")
 	case o.warmup < 0:
 		return nil, errors.New("-warmup must not be negative")
-	case o.batch < 1:
-		return nil, errors.New("-batch must be at least 1")
-	case o.sizeWorkers < 1:
-		return nil, errors.New("-size-workers must be at least 1")
-	case o.transportMsgs < 1:
-		return nil, errors.New("-transport-msgs must be at least 1")
 	case o.rounds < 1:
 		return nil, errors.New("-rounds must be at least 1")
+	case o.batch < 1:
+		return nil, errors.New("-batch must be at least 1")
+	case o.probeOps < 1:
+		return nil, errors.New("-probe-ops must be at least 1")
+	case o.dupKeys < 1:
+		return nil, errors.New("-dup-keys must be at least 1")
+	case o.sizeWorkers < 1:
+		return nil, errors.New("-size-workers must be at least 1")
 	case o.maxConns < 2:
 		return nil, errors.New("-max-conns must be at least 2")
+	case o.timeout <= 0:
+		return nil, errors.New("-timeout must be positive")
 	}
 	return o, nil
 }
 
-// selected reports whether the scenario name passes -only.
+// counts parses a comma-separated list of row counts such as "1e5,1e6".
+func counts(flagName, s string, least float64) ([]int64, error) {
+	var out []int64
+	for _, r := range strings.Split(s, ",") {
+		r = strings.TrimSpace(r)
+		if r == "" {
+			continue
+		}
+		f, err := strconv.ParseFloat(r, 64)
+		if err != nil || f < least || f > 1e9 {
+			return nil, fmt.Errorf("%s: %q is not a row count in [%v, 1e9]", flagName, r, least)
+		}
+		out = append(out, int64(f))
+	}
+	return out, nil
+}
+
+// loopbackOnly refuses a server that is not on this machine: the benchmark
+// writes at full speed for minutes, which no shared or remote server should
+// take by accident, and its figures are about the library, not a network.
+func loopbackOnly(dsn string) error {
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return fmt.Errorf("-dsn: %w", err)
+	}
+	hosts := []string{cfg.Host}
+	for _, f := range cfg.Fallbacks {
+		hosts = append(hosts, f.Host)
+	}
+	for _, h := range hosts {
+		if !isLoopback(h) {
+			return fmt.Errorf("-dsn: host %q is not this machine: the benchmark only targets a server on loopback or a Unix socket", h)
+		}
+	}
+	return nil
+}
+
+func isLoopback(host string) bool {
+	if strings.HasPrefix(host, "/") || host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// selected reports whether the row name passes -only.
 func (o *options) selected(name string) bool {
 	return len(o.only) == 0 || slices.ContainsFunc(o.only, func(s string) bool {
 		return s != "" && strings.Contains(strings.ToLower(name), strings.ToLower(strings.TrimSpace(s)))

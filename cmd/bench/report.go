@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -15,39 +16,64 @@ type table struct {
 	rows    [][]string
 }
 
+// The report's table titles.
+const (
+	titleCore      = "Library against hand-written, same work"
+	titleTransport = "Transports: drain a backlog (workers = JetStream workers, Kafka partitions, relays)"
+	titleCost      = "Per message: PostgreSQL round trips and allocations (dedupe / hand-written)"
+	titleSizes     = "Consumer.Handle by inbox size"
+	titlePurge     = "Retention purge"
+)
+
 func (rep *report) tables() []table {
 	var ts []table
-	if len(rep.main) > 0 {
-		t := table{title: "Throughput and latency (all keys new)",
-			headers: []string{"scenario", "workers", "msgs/s", "p50", "p99", "latency of", "vs", "ratio"}}
-		for _, r := range rep.main {
-			t.rows = append(t.rows, []string{r.scenario, fmt.Sprint(r.workers), fmt.Sprintf("%.0f", r.throughput()),
-				dur(r.p50), dur(r.p99), r.unit, or(r.baseline, "—"), ratio(r)})
+	for _, sec := range []struct{ section, title string }{{sectionCore, titleCore}, {sectionTransport, titleTransport}} {
+		t := table{title: sec.title, headers: []string{"dedupe", "hand-written", "workers", "msgs/s", "hand msgs/s",
+			"ratio", "ratio min–max", "p50 / p99", "hand p50 / p99", "latency of"}}
+		for _, r := range rep.rows {
+			if r.c.section != sec.section {
+				continue
+			}
+			lib, hand := merge(r.lib), merge(r.hand)
+			t.rows = append(t.rows, []string{r.c.name + refMark(r.c), r.c.hand.name, fmt.Sprint(r.workers),
+				rate(lib), rate(hand), ratioMedian(r.ratios), ratioRange(r.ratios),
+				lat(lib), lat(hand), r.c.unit(rep.opts) + earlyMark(r)})
+		}
+		if len(t.rows) > 0 {
+			ts = append(ts, t)
+		}
+	}
+	if len(rep.costs) > 0 {
+		t := table{title: titleCost, headers: []string{"dedupe", "hand-written", "round trips", "allocs", "bytes", "counted"}}
+		for _, c := range rep.costs {
+			how := fmt.Sprintf("%d sequential ops", rep.opts.probeOps)
+			if c.c.section == sectionTransport {
+				how = "measured windows, whole process (in-process broker included)"
+			}
+			t.rows = append(t.rows, []string{c.c.name + refMark(c.c), c.c.hand.name,
+				pair(c.lib.roundTrips, c.hand.roundTrips, "%.2f", c), pair(c.lib.allocs, c.hand.allocs, "%.0f", c),
+				pair(c.lib.bytes, c.hand.bytes, "%.0f", c), how})
 		}
 		ts = append(ts, t)
 	}
 	if len(rep.sizes) > 0 {
-		t := table{title: fmt.Sprintf("Consumer.Handle by inbox size (%d workers)", rep.opts.sizeWorkers),
-			headers: []string{"inbox rows", "msgs/s", "p50", "p99", "ratio to empty inbox"}}
+		t := table{title: fmt.Sprintf("%s (%d workers; against an empty inbox in the same rounds)", titleSizes, rep.opts.sizeWorkers),
+			headers: []string{"inbox rows", "msgs/s", "empty inbox msgs/s", "ratio", "ratio min–max", "p50 / p99", "empty p50 / p99"}}
 		for _, r := range rep.sizes {
-			t.rows = append(t.rows, []string{r.scenario, fmt.Sprintf("%.0f", r.throughput()), dur(r.p50), dur(r.p99), ratio(r)})
+			lib, hand := merge(r.lib), merge(r.hand)
+			t.rows = append(t.rows, []string{r.c.name, rate(lib), rate(hand), ratioMedian(r.ratios), ratioRange(r.ratios), lat(lib), lat(hand)})
 		}
 		ts = append(ts, t)
 	}
-	if len(rep.transports) > 0 {
-		t := table{title: fmt.Sprintf("Transports: drain %d pre-published messages (workers = JetStream workers, Kafka partitions, relays)", rep.opts.transportMsgs),
-			headers: []string{"consumer", "workers", "msgs/s", "p50", "p99", "latency of", "vs", "ratio"}}
-		for _, r := range rep.transports {
-			t.rows = append(t.rows, []string{r.scenario, fmt.Sprint(r.workers), fmt.Sprintf("%.0f", r.throughput()),
-				dur(r.p50), dur(r.p99), r.unit, or(r.baseline, "—"), or(r.note, ratio(r))})
-		}
-		ts = append(ts, t)
-	}
-	if len(rep.purge) > 0 {
-		t := table{title: fmt.Sprintf("Retention purge while consumers run (%d workers)", rep.opts.sizeWorkers),
-			headers: []string{"run", "msgs/s", "p50", "p99", "ratio", "note"}}
-		for _, r := range rep.purge {
-			t.rows = append(t.rows, []string{r.scenario, fmt.Sprintf("%.0f", r.throughput()), dur(r.p50), dur(r.p99), ratio(r), r.note})
+	if len(rep.purgeAlone) > 0 {
+		n := rep.opts.purgeRows
+		t := table{title: fmt.Sprintf("%s: Inbox.Purge of %d expired keys (default batch size)", titlePurge, n),
+			headers: []string{"run", "purge time, median (min–max)", "keys/s (median)", "Consumer.Handle msgs/s meanwhile", "no purge msgs/s", "ratio", "ratio min–max"}}
+		t.rows = append(t.rows, []string{"Purge alone", durRange(rep.purgeAlone), keysPerSec(n, rep.purgeAlone), "—", "—", "—", "—"})
+		if r := rep.purge; r != nil {
+			lib, hand := merge(r.lib), merge(r.hand)
+			t.rows = append(t.rows, []string{fmt.Sprintf("Purge while Consumer.Handle runs (%d workers)", r.workers),
+				durRange(rep.purgeLoaded), keysPerSec(n, rep.purgeLoaded), rate(lib), rate(hand), ratioMedian(r.ratios), ratioRange(r.ratios)})
 		}
 		ts = append(ts, t)
 	}
@@ -55,8 +81,87 @@ func (rep *report) tables() []table {
 }
 
 func (rep *report) caption() string {
-	return fmt.Sprintf("PostgreSQL %s, %v per row after %v warm-up, batch %d; %d round(s), median kept; ratio = throughput / throughput of the \"vs\" row at the same worker count, measured back to back (median of the rounds' ratios).",
-		rep.server, rep.opts.duration, rep.opts.warmup, rep.opts.batch, rep.opts.rounds)
+	return fmt.Sprintf("PostgreSQL %s on loopback, %d CPU cores seen by Go. %d interleaved rounds per row: the hand-written side "+
+		"and dedupe run back to back, which goes first alternating, each for %v after %v of warm-up. "+
+		"msgs/s = all rounds' messages ÷ all rounds' measured time; ratio = dedupe msgs/s ÷ hand-written msgs/s "+
+		"within a round, median of the rounds (≥ 1: dedupe is as fast); latencies over all rounds.",
+		rep.server, rep.cores, rep.opts.rounds, rep.opts.duration, rep.opts.warmup)
+}
+
+// merge sums a side's rounds: their messages, measured time and latencies.
+func merge(ss []*sample) *sample {
+	m := &sample{}
+	for _, s := range ss {
+		m.msgs += s.msgs
+		m.elapsed += s.elapsed
+		m.lat = append(m.lat, s.lat...)
+		m.drainedEarly = m.drainedEarly || s.drainedEarly
+	}
+	slices.Sort(m.lat)
+	return m
+}
+
+func rate(s *sample) string { return fmt.Sprintf("%.0f", s.throughput()) }
+
+func lat(s *sample) string {
+	return dur(percentile(s.lat, 0.50)) + " / " + dur(percentile(s.lat, 0.99))
+}
+
+func ratioMedian(rs []float64) string {
+	if len(rs) == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f×", median(rs))
+}
+
+func ratioRange(rs []float64) string {
+	if len(rs) == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f–%.2f", slices.Min(rs), slices.Max(rs))
+}
+
+func median(xs []float64) float64 {
+	s := slices.Sorted(slices.Values(xs))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func durRange(ds []time.Duration) string {
+	s := slices.Sorted(slices.Values(ds))
+	return fmt.Sprintf("%v (%v–%v)", dur(s[len(s)/2]), dur(s[0]), dur(s[len(s)-1]))
+}
+
+func keysPerSec(n int64, ds []time.Duration) string {
+	s := slices.Sorted(slices.Values(ds))
+	return fmt.Sprintf("%.0f", float64(n)/max(s[len(s)/2].Seconds(), 1e-9))
+}
+
+func pair(lib, hand float64, format string, c *costs) string {
+	if !c.lib.valid || !c.hand.valid {
+		return "—"
+	}
+	return fmt.Sprintf(format+" / "+format, lib, hand)
+}
+
+// refMark flags a row whose baseline does less work than the library.
+func refMark(c *comparison) string {
+	if c.reference {
+		return " (price of dedup)"
+	}
+	return ""
+}
+
+// earlyMark flags a transport row whose backlog ran out inside a window.
+func earlyMark(r *compared) string {
+	for _, s := range slices.Concat(r.lib, r.hand) {
+		if s.drainedEarly {
+			return " (a backlog ran out early)"
+		}
+	}
+	return ""
 }
 
 func dur(d time.Duration) string {
@@ -68,20 +173,6 @@ func dur(d time.Duration) string {
 	default:
 		return d.Round(time.Microsecond).String()
 	}
-}
-
-func ratio(r *result) string {
-	if r.ratio == 0 {
-		return "—"
-	}
-	return fmt.Sprintf("%.2f×", r.ratio)
-}
-
-func or(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 // text prints the report as aligned columns.
@@ -107,9 +198,6 @@ func (rep *report) markdown(w io.Writer) {
 		seps := make([]string, len(t.headers))
 		for i := range seps {
 			seps[i] = "---"
-			if i > 0 && i < len(t.headers) {
-				seps[i] = "---:"
-			}
 		}
 		fmt.Fprintf(w, "|%s|\n", strings.Join(seps, "|"))
 		for _, row := range t.rows {

@@ -1,36 +1,42 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"io"
+	"net"
+	"runtime"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/internal/natstest"
 	"github.com/exactlyonce/dedupe/internal/scratch"
 )
 
 // report is everything one run measured.
 type report struct {
 	opts  *options
-	main  []*result
-	sizes []*result // scenario holds the inbox size
-	purge []*result
-	// transports drain a fixed number of messages per row.
-	transports []*result
-	started    time.Time
-	server     string
+	rows  []*compared // core and transport rows, in order
+	costs []*costs
+	sizes []*compared
+	// purgeAlone are the times of Inbox.Purge with nothing else running;
+	// purgeLoaded the times of the purges the purge row ran under load.
+	purge                   *compared
+	purgeAlone, purgeLoaded []time.Duration
+	server                  string
+	cores                   int
+	started                 time.Time
 }
 
 // runAll sets up a private schema, measures every section and drops the
 // schema.
 func runAll(ctx context.Context, o *options, log io.Writer) (*report, error) {
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
 	schema := scratch.Name("bench")
 	maxW := o.sizeWorkers
 	for _, w := range o.workers {
@@ -59,6 +65,12 @@ func runAll(ctx context.Context, o *options, log io.Writer) (*report, error) {
 			fmt.Fprintf(log, "bench: drop schema %s: %v\n", schema, err)
 		}
 	}()
+	var w wire
+	dial := cfg.ConnConfig.DialFunc
+	if dial == nil {
+		dial = (&net.Dialer{KeepAlive: 5 * time.Minute}).DialContext
+	}
+	cfg.ConnConfig.DialFunc = w.dialFunc(dial)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
@@ -70,205 +82,210 @@ func runAll(ctx context.Context, o *options, log io.Writer) (*report, error) {
 	if _, err := pool.Exec(ctx, sqlCreateEffects); err != nil {
 		return nil, err
 	}
-	rep := &report{opts: o, started: time.Now()}
+	rep := &report{opts: o, started: time.Now(), cores: runtime.NumCPU()}
 	_ = pool.QueryRow(ctx, "SHOW server_version").Scan(&rep.server)
-	be, err := newBench(o, pool)
+	b, err := newBench(o, pool, meter{wire: &w})
 	if err != nil {
 		return nil, err
 	}
-	if err := rep.runMain(ctx, be, log); err != nil {
+	if b.http, err = newHTTPBench(ctx, pool, min(o.dupKeys, 2000)); err != nil {
 		return nil, err
 	}
-	if err := rep.runSizes(ctx, be, log); err != nil {
+	if err := rep.runComparisons(ctx, b, sectionCore, log); err != nil {
 		return nil, err
 	}
-	if err := rep.runPurge(ctx, be, log); err != nil {
+	if err := rep.runSizes(ctx, b, log); err != nil {
 		return nil, err
 	}
-	if o.transports {
-		if err := rep.runTransports(ctx, be, schema, log); err != nil {
+	if err := rep.runPurge(ctx, b, log); err != nil {
+		return nil, err
+	}
+	if o.transports && slices.ContainsFunc(comparisons, func(c comparison) bool { return c.section == sectionTransport && c.selected(o) }) {
+		embedded, err := natstest.Embed()
+		if err != nil {
+			return nil, err
+		}
+		defer embedded.Close()
+		b.js = embedded.JS
+		if err := rep.runComparisons(ctx, b, sectionTransport, log); err != nil {
 			return nil, err
 		}
 	}
 	return rep, nil
 }
 
-// reset empties the tables and gives the next row its own keys.
-func (b *bench) reset(ctx context.Context, tag string) error {
-	b.run = tag
-	_, err := b.pool.Exec(ctx, sqlReset)
-	return err
-}
+// sizeTable is the inbox the inbox-size rows preload.
+const sizeTable = "bench_inbox_big"
 
-// runMain measures every scenario at every worker count. The scenarios of
-// one worker count run back to back, so that a baseline and the scenario
-// compared with it see the same machine; with -rounds > 1 the whole sweep
-// repeats and the round of median throughput is kept per row.
-func (rep *report) runMain(ctx context.Context, b *bench, log io.Writer) error {
-	o := rep.opts
-	type rowKey struct {
-		scenario string
-		workers  int
-	}
-	runs := map[rowKey][]*result{}
-	var order []rowKey
-	for round := range o.rounds {
-		var thisRound []*result
-		for _, w := range o.workers {
-			for _, sc := range scenarios {
-				if !o.selected(sc.name) {
-					continue
-				}
-				if err := b.reset(ctx, fmt.Sprintf("r%d-%d", round, len(order))); err != nil {
-					return err
-				}
-				r, err := measure(ctx, w, o.warmup, o.duration, sc.op(b))
-				if err != nil {
-					return fmt.Errorf("%s, %d workers: %w", sc.name, w, err)
-				}
-				r.scenario, r.baseline, r.unit = sc.name, sc.baseline, sc.unit(o)
-				k := rowKey{sc.name, w}
-				if round == 0 {
-					order = append(order, k)
-				}
-				runs[k] = append(runs[k], r)
-				thisRound = append(thisRound, r)
-				fmt.Fprintf(log, "bench: %-40s workers=%-3d %9.0f msg/s p50=%v p99=%v\n", sc.name, w, r.throughput(), r.p50, r.p99)
-			}
-		}
-		fillRatios(thisRound) // a ratio compares measurements of the same round
-	}
-	for _, sc := range scenarios {
-		for _, w := range o.workers {
-			rs, ok := runs[rowKey{sc.name, w}]
-			if !ok {
-				continue
-			}
-			ratios := make([]float64, len(rs))
-			for i, r := range rs {
-				ratios[i] = r.ratio
-			}
-			slices.Sort(ratios)
-			slices.SortFunc(rs, func(a, b *result) int { return cmp.Compare(a.throughput(), b.throughput()) })
-			med := *rs[len(rs)/2]
-			med.ratio = ratios[len(ratios)/2]
-			rep.main = append(rep.main, &med)
-		}
-	}
-	return nil
-}
-
-// fillRatios sets each result's ratio to its baseline's throughput at the
-// same worker count.
-func fillRatios(rs []*result) {
-	for _, r := range rs {
-		if r.baseline == "" {
-			continue
-		}
-		for _, base := range rs {
-			if base.scenario == r.baseline && base.workers == r.workers && base.throughput() > 0 {
-				r.ratio = r.throughput() / base.throughput()
-			}
-		}
-	}
-}
-
-// runSizes measures Consumer.Handle with the inbox preloaded to each size,
-// against the empty inbox.
+// runSizes measures Consumer.Handle on an inbox preloaded with each of
+// -inbox-rows keys against Consumer.Handle on an empty inbox, in
+// interleaved rounds.
 func (rep *report) runSizes(ctx context.Context, b *bench, log io.Writer) error {
 	o := rep.opts
-	if len(o.inboxRows) == 0 {
+	const name = "Consumer.Handle by inbox size"
+	if len(o.inboxRows) == 0 || !o.selected(name) {
 		return nil
 	}
-	sizes := append([]int64{0}, o.inboxRows...)
-	for _, n := range sizes {
-		if err := b.reset(ctx, fmt.Sprintf("s%d", n)); err != nil {
+	icfg := dedupe.Config{Table: sizeTable}
+	if err := dedupe.Migrate(ctx, b.pool, &icfg, dedupe.LineInbox); err != nil {
+		return err
+	}
+	big, err := dedupe.New(b.pool, &icfg)
+	if err != nil {
+		return err
+	}
+	cBig, err := dedupe.NewConsumer(big, dedupe.ConsumerConfig[string]{
+		Scope: benchScope,
+		Key:   func(id string) (string, error) { return id, nil },
+	}, func(ctx context.Context, tx pgx.Tx, id string) error {
+		_, err := tx.Exec(ctx, sqlEffect, id, body)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	bigOp := func(ctx context.Context, _ int) (int, error) {
+		outcome, err := cBig.Handle(ctx, b.nextID())
+		if err == nil && outcome != dedupe.OutcomeClaimed {
+			err = fmt.Errorf("bench: outcome %s for a new key", outcome)
+		}
+		return 1, err
+	}
+	for _, n := range o.inboxRows {
+		if _, err := b.pool.Exec(ctx, "TRUNCATE "+sizeTable); err != nil {
 			return err
 		}
-		if err := preload(ctx, b.pool, n, time.Now().Add(dedupe.DefaultRetention)); err != nil {
+		start := time.Now()
+		if _, err := b.pool.Exec(ctx, fmt.Sprintf(sqlPreloadHistory, sizeTable), n, time.Now().Add(dedupe.DefaultRetention)); err != nil {
+			return fmt.Errorf("preload %d rows: %w", n, err)
+		}
+		if _, err := b.pool.Exec(ctx, "ANALYZE "+sizeTable); err != nil {
 			return err
 		}
-		r, err := measure(ctx, o.sizeWorkers, o.warmup, o.duration, b.opHandle)
+		fmt.Fprintf(log, "bench: preloaded %d inbox rows in %v\n", n, time.Since(start).Round(time.Millisecond))
+		c := &comparison{name: fmt.Sprint(n), unit: perMsg,
+			lib:  side{name: fmt.Sprintf("Consumer.Handle, inbox of %d rows", n), op: func(*bench) op { return bigOp }},
+			hand: side{name: "Consumer.Handle, empty inbox", op: func(b *bench) op { return b.opHandle }},
+		}
+		row, err := rep.interleave(ctx, c, o.sizeWorkers, log, func(s *side, round int) (*sample, error) {
+			if err := b.reset(ctx, fmt.Sprintf("s%d-%d", b.seq.Add(1), round)); err != nil {
+				return nil, err
+			}
+			return measure(ctx, b.meter, o.sizeWorkers, o.warmup, o.duration, s.op(b))
+		})
 		if err != nil {
 			return fmt.Errorf("inbox of %d rows: %w", n, err)
 		}
-		r.scenario, r.unit = strconv.FormatInt(n, 10), "msg"
-		if n > 0 {
-			r.baseline = "0"
-		}
-		rep.sizes = append(rep.sizes, r)
-		fmt.Fprintf(log, "bench: inbox=%-10d workers=%-3d %9.0f msg/s p50=%v p99=%v\n", n, o.sizeWorkers, r.throughput(), r.p50, r.p99)
+		rep.sizes = append(rep.sizes, row)
 	}
-	fillRatios(rep.sizes)
-	return nil
-}
-
-// preload fills the inbox with n keys of another scope expiring at expires.
-func preload(ctx context.Context, pool *pgxpool.Pool, n int64, expires time.Time) error {
-	if n == 0 {
-		return nil
-	}
-	if _, err := pool.Exec(ctx, sqlPreload, n, expires); err != nil {
-		return fmt.Errorf("preload %d rows: %w", n, err)
-	}
-	_, err := pool.Exec(ctx, sqlAnalyze)
+	_, err = b.pool.Exec(ctx, "DROP TABLE "+sizeTable)
 	return err
 }
 
-// runPurge measures Consumer.Handle over an inbox holding -inbox-rows[0]
-// expired keys, without and then with Inbox.Purge deleting them meanwhile.
+// runPurge times Inbox.Purge of -purge-rows expired keys on its own, and
+// measures Consumer.Handle while such a purge runs (over the purge's own
+// duration) against Consumer.Handle with the same expired keys present and
+// no purge, in interleaved rounds.
 func (rep *report) runPurge(ctx context.Context, b *bench, log io.Writer) error {
 	o := rep.opts
-	if !o.purge || len(o.inboxRows) == 0 {
+	n := o.purgeRows
+	if n == 0 || !o.selected("Inbox.Purge") {
 		return nil
 	}
-	n := o.inboxRows[0]
-	for _, purging := range []bool{false, true} {
-		if err := b.reset(ctx, fmt.Sprintf("p%v", purging)); err != nil {
+	expired := func(round int) error {
+		if err := b.reset(ctx, fmt.Sprintf("p%d-%d", b.seq.Add(1), round)); err != nil {
 			return err
 		}
-		if err := preload(ctx, b.pool, n, time.Now().Add(-time.Hour)); err != nil {
+		if _, err := b.pool.Exec(ctx, fmt.Sprintf(sqlPreloadHistory, "dedupe_inbox"), n, time.Now().Add(-time.Hour)); err != nil {
 			return err
 		}
-		var (
-			deleted  int64
-			purgeDur time.Duration
-			purgeErr error
-			done     = make(chan struct{})
-		)
-		pctx, cancel := context.WithCancel(ctx)
-		if purging {
-			go func() {
-				defer close(done)
-				sleepCtx(pctx, o.warmup) // start when the measurement does
-				start := time.Now()
-				deleted, purgeErr = b.inbox.Purge(pctx, 0)
-				purgeDur = time.Since(start)
-			}()
-		} else {
-			close(done)
-		}
-		r, err := measure(ctx, o.sizeWorkers, o.warmup, o.duration, b.opHandle)
-		cancel()
-		<-done
-		if err != nil {
-			return fmt.Errorf("purge run: %w", err)
-		}
-		if purgeErr != nil && pctx.Err() == nil {
-			return fmt.Errorf("purge: %w", purgeErr)
-		}
-		r.unit = "msg"
-		if purging {
-			r.scenario, r.baseline = "Handle while Purge runs", "Handle, no purge"
-			r.note = fmt.Sprintf("purged %d of %d expired keys in %v (%.0f keys/s)", deleted, n,
-				purgeDur.Round(time.Millisecond), float64(deleted)/max(purgeDur.Seconds(), 1e-9))
-		} else {
-			r.scenario = "Handle, no purge"
-			r.note = fmt.Sprintf("%d expired keys present", n)
-		}
-		rep.purge = append(rep.purge, r)
-		fmt.Fprintf(log, "bench: %-40s workers=%-3d %9.0f msg/s p50=%v p99=%v %s\n", r.scenario, o.sizeWorkers, r.throughput(), r.p50, r.p99, r.note)
+		_, err := b.pool.Exec(ctx, "ANALYZE dedupe_inbox")
+		return err
 	}
-	fillRatios(rep.purge)
+	purge := func(ctx context.Context) (time.Duration, error) {
+		start := time.Now()
+		got, err := b.inbox.Purge(ctx, 0)
+		took := time.Since(start)
+		if err == nil && got != n {
+			err = fmt.Errorf("purged %d of %d expired keys", got, n)
+		}
+		return took, err
+	}
+	for round := range o.rounds {
+		if err := expired(round); err != nil {
+			return err
+		}
+		took, err := purge(ctx)
+		if err != nil {
+			return err
+		}
+		rep.purgeAlone = append(rep.purgeAlone, took)
+		fmt.Fprintf(log, "bench: Inbox.Purge of %d expired keys, nothing else running: %v\n", n, took.Round(time.Millisecond))
+	}
+	c := &comparison{name: fmt.Sprintf("Consumer.Handle while Inbox.Purge deletes %d expired keys", n), unit: perMsg,
+		lib:  side{name: "Consumer.Handle while Inbox.Purge runs", op: func(b *bench) op { return b.opHandle }},
+		hand: side{name: "Consumer.Handle, no purge", op: func(b *bench) op { return b.opHandle }},
+	}
+	row, err := rep.interleave(ctx, c, o.sizeWorkers, log, func(s *side, round int) (*sample, error) {
+		if err := expired(round); err != nil {
+			return nil, err
+		}
+		if s == &c.hand {
+			return measure(ctx, b.meter, o.sizeWorkers, o.warmup, o.duration, s.op(b))
+		}
+		var took time.Duration
+		smp, err := measureDuring(ctx, b.meter, o.sizeWorkers, o.warmup, s.op(b), func(ctx context.Context) error {
+			var err error
+			took, err = purge(ctx)
+			return err
+		})
+		rep.purgeLoaded = append(rep.purgeLoaded, took)
+		return smp, err
+	})
+	if err != nil {
+		return fmt.Errorf("purge: %w", err)
+	}
+	rep.purge = row
 	return nil
+}
+
+// measureDuring is measure with a window that lasts as long as during runs:
+// the throughput of the workers while something else (a purge) loads the
+// database.
+func measureDuring(ctx context.Context, m meter, workers int, warmup time.Duration, f op, during func(ctx context.Context) error) (*sample, error) {
+	var derr error
+	s, err := measureWindow(ctx, m, workers, warmup, f, func(ctx context.Context) { derr = during(ctx) })
+	if err == nil {
+		err = derr
+	}
+	return s, err
+}
+
+// interleave runs a comparison at w workers for -rounds rounds, the two
+// sides back to back in each, which goes first alternating.
+func (rep *report) interleave(ctx context.Context, c *comparison, w int, log io.Writer,
+	run func(s *side, round int) (*sample, error)) (*compared, error) {
+	row := &compared{c: c, workers: w}
+	for round := range rep.opts.rounds {
+		sides := []*side{&c.hand, &c.lib}
+		if round%2 == 1 {
+			slices.Reverse(sides)
+		}
+		got := map[*side]*sample{}
+		for _, s := range sides {
+			smp, err := run(s, round)
+			if err != nil {
+				return nil, fmt.Errorf("%s, %d workers: %w", s.name, w, err)
+			}
+			got[s] = smp
+			fmt.Fprintf(log, "bench: %-44s %-52s workers=%-3d round=%d %9.0f msg/s%s\n",
+				c.name, s.name, w, round+1, smp.throughput(), earlyNote(smp))
+		}
+		lib, hand := got[&c.lib], got[&c.hand]
+		row.lib, row.hand = append(row.lib, lib), append(row.hand, hand)
+		if hand.throughput() > 0 {
+			row.ratios = append(row.ratios, lib.throughput()/hand.throughput())
+		}
+	}
+	return row, nil
 }

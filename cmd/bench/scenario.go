@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/exactlyonce/dedupe"
 )
@@ -21,37 +22,22 @@ const benchScope = "bench"
 // body is the effect's payload.
 const body = `{"order":"o-1","total":1900,"currency":"EUR"}`
 
-// scenario is one line of the main table, run for every worker count.
-type scenario struct {
-	name     string
-	baseline string // the hand-written equivalent, "" for the reference
-	unit     func(o *options) string
-	op       func(b *bench) op
-}
-
-// scenarios in report order; a baseline precedes the scenarios compared with it.
-var scenarios = []scenario{
-	{name: "hand-written tx: effect only", unit: perMsg, op: func(b *bench) op { return b.opHandEffect }},
-	{name: "hand-written tx: claim + effect", baseline: "hand-written tx: effect only", unit: perMsg, op: func(b *bench) op { return b.opHandClaimEffect }},
-	{name: "Consumer.Handle", baseline: "hand-written tx: claim + effect", unit: perMsg, op: func(b *bench) op { return b.opHandle }},
-	{name: "hand-written batch: claim + effects", baseline: "", unit: perBatch, op: func(b *bench) op { return b.opHandBatch }},
-	{name: "Inbox.ClaimBatch + effects", baseline: "hand-written batch: claim + effects", unit: perBatch, op: func(b *bench) op { return b.opClaimBatch }},
-}
-
-func perMsg(*options) string     { return "msg" }
-func perBatch(o *options) string { return "batch of " + strconv.Itoa(o.batch) }
-
-// bench is the state shared by the scenarios of one run.
+// bench is the state shared by the rows of one run.
 type bench struct {
 	opts     *options
 	pool     *pgxpool.Pool
+	meter    meter
 	inbox    *dedupe.Inbox
 	consumer *dedupe.Consumer[string]
+	http     *httpBench
+	js       jetstream.JetStream // the in-process NATS server of the transport rows
+	backlogs backlogs
 	seq      atomic.Int64
-	run      string // distinguishes the keys of successive rows
+	run      string // distinguishes the keys of successive runs
+	dupRun   string // the prefix of the committed keys the duplicate rows redeliver
 }
 
-func newBench(o *options, pool *pgxpool.Pool) (*bench, error) {
+func newBench(o *options, pool *pgxpool.Pool, m meter) (*bench, error) {
 	inbox, err := dedupe.New(pool, nil)
 	if err != nil {
 		return nil, err
@@ -66,12 +52,35 @@ func newBench(o *options, pool *pgxpool.Pool) (*bench, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &bench{opts: o, pool: pool, inbox: inbox, consumer: c}, nil
+	return &bench{opts: o, pool: pool, meter: m, inbox: inbox, consumer: c}, nil
 }
 
 // nextID returns a key never used before in this run.
 func (b *bench) nextID() string {
 	return b.run + "-" + strconv.FormatInt(b.seq.Add(1), 10)
+}
+
+// dupID returns one of the -dup-keys committed keys, in turn.
+func (b *bench) dupID() string {
+	return b.dupRun + "-" + strconv.FormatInt(b.seq.Add(1)%int64(b.opts.dupKeys), 10)
+}
+
+// reset empties the tables and gives the next run its own keys.
+func (b *bench) reset(ctx context.Context, tag string) error {
+	b.run = tag
+	_, err := b.pool.Exec(ctx, sqlReset)
+	return err
+}
+
+// preloadDuplicates commits -dup-keys keys for the duplicate rows.
+func (b *bench) preloadDuplicates(ctx context.Context) error {
+	b.dupRun = "dup" + strconv.FormatInt(b.seq.Add(1), 10)
+	if _, err := b.pool.Exec(ctx, sqlPreloadComplete, benchScope, b.opts.dupKeys, b.dupRun,
+		time.Now().Add(dedupe.DefaultRetention)); err != nil {
+		return err
+	}
+	_, err := b.pool.Exec(ctx, "ANALYZE dedupe_inbox")
+	return err
 }
 
 func (b *bench) opHandEffect(ctx context.Context, _ int) (int, error) {
@@ -83,32 +92,74 @@ func (b *bench) opHandEffect(ctx context.Context, _ int) (int, error) {
 }
 
 func (b *bench) opHandClaimEffect(ctx context.Context, _ int) (int, error) {
-	return 1, b.handClaimEffectTx(ctx, benchScope, b.nextID())
+	claimed, err := b.handClaimEffectTx(ctx, benchScope, b.nextID())
+	if err == nil && !claimed {
+		err = errors.New("bench: a new key was taken")
+	}
+	return 1, err
 }
 
 // handClaimEffectTx is the hand-written per-message transaction: claim the
-// key, write the effect unless it was a duplicate, commit. The transport
-// baselines run it too.
-func (b *bench) handClaimEffectTx(ctx context.Context, scope, id string) error {
+// key, and for a new one write the effect; for a taken one read its row to
+// tell a duplicate (complete) from a key still in flight or failed, as the
+// library does; commit. The transport baselines run it too.
+func (b *bench) handClaimEffectTx(ctx context.Context, scope, id string) (claimed bool, err error) {
 	now := time.Now()
-	return pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		var one int
 		err := tx.QueryRow(ctx, sqlHandClaim, scope, id, now, now.Add(dedupe.DefaultRetention)).Scan(&one)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return nil // a duplicate: no effect
+			return classifyHand(ctx, tx, scope, id)
 		}
 		if err != nil {
 			return err
 		}
+		claimed = true
 		_, err = tx.Exec(ctx, sqlEffect, id, body)
 		return err
 	})
+	return claimed, err
+}
+
+// classifyHand reads a taken key's row as a hand-written consumer must to
+// know what to tell its broker: only a complete key is a duplicate to
+// acknowledge.
+func classifyHand(ctx context.Context, tx pgx.Tx, scope, id string) error {
+	var (
+		state       string
+		attempts    int
+		lockedUntil *time.Time
+		fingerprint []byte
+	)
+	if err := tx.QueryRow(ctx, sqlHandClassify, scope, id).Scan(&state, &attempts, &lockedUntil, &fingerprint); err != nil {
+		return err
+	}
+	if state != string(dedupe.StateComplete) {
+		return fmt.Errorf("bench: key %s is %s, not a duplicate", id, state)
+	}
+	return nil
+}
+
+func (b *bench) opHandDup(ctx context.Context, _ int) (int, error) {
+	claimed, err := b.handClaimEffectTx(ctx, benchScope, b.dupID())
+	if err == nil && claimed {
+		err = errors.New("bench: a committed key was claimed again")
+	}
+	return 1, err
 }
 
 func (b *bench) opHandle(ctx context.Context, _ int) (int, error) {
 	outcome, err := b.consumer.Handle(ctx, b.nextID())
 	if err == nil && outcome != dedupe.OutcomeClaimed {
 		err = fmt.Errorf("bench: outcome %s for a new key", outcome)
+	}
+	return 1, err
+}
+
+func (b *bench) opHandleDup(ctx context.Context, _ int) (int, error) {
+	outcome, err := b.consumer.Handle(ctx, b.dupID())
+	if err == nil && outcome != dedupe.OutcomeDuplicate {
+		err = fmt.Errorf("bench: outcome %s for a committed key", outcome)
 	}
 	return 1, err
 }

@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// window measures a transport run: consumers (or relays) drain a backlog
+// published beforehand and count each message they finish with add. The
+// clock starts once the first message is done (so that start-up, such as a
+// Kafka group join, is not measured) and the warm-up has passed; it then
+// runs for -duration, or until the backlog is gone. Counting happens in the
+// process: no statement polls the database while the window is open.
+type window struct {
+	backlog     int64
+	done        atomic.Int64
+	first, full chan struct{}
+	firstOnce   sync.Once
+	fullOnce    sync.Once
+	failOnce    sync.Once
+	failed      chan error
+	lat         latencies
+}
+
+func newWindow(backlog int64) *window {
+	return &window{backlog: backlog, first: make(chan struct{}), full: make(chan struct{}), failed: make(chan error, 1)}
+}
+
+// add counts n finished messages.
+func (w *window) add(n int64) {
+	if n <= 0 {
+		return
+	}
+	v := w.done.Add(n)
+	w.firstOnce.Do(func() { close(w.first) })
+	if v >= w.backlog {
+		w.fullOnce.Do(func() { close(w.full) })
+	}
+}
+
+// fail reports a consumer's error; the first one ends the measurement.
+func (w *window) fail(err error) {
+	w.failOnce.Do(func() { w.failed <- err })
+}
+
+// errBacklogDrained is a window that closed during the warm-up.
+var errBacklogDrained = errors.New("the backlog was drained during the warm-up")
+
+// measure waits for the first message, the warm-up and the window, and
+// returns the messages finished in the window with their latencies and the
+// process's usage meanwhile.
+func (w *window) measure(ctx context.Context, m meter, warmup, d time.Duration) (*sample, error) {
+	wait := func(t <-chan time.Time, until <-chan struct{}) (bool, error) {
+		select {
+		case <-t:
+			return false, nil
+		case <-until:
+			return true, nil
+		case err := <-w.failed:
+			return false, err
+		case <-ctx.Done():
+			return false, fmt.Errorf("%d of %d messages done: %w", w.done.Load(), w.backlog, ctx.Err())
+		}
+	}
+	if _, err := wait(nil, w.first); err != nil {
+		return nil, err
+	}
+	full, err := wait(time.After(warmup), w.full)
+	if err != nil {
+		return nil, err
+	}
+	if full {
+		return nil, errBacklogDrained
+	}
+	u0 := m.read()
+	n0 := w.done.Load()
+	w.lat.on.Store(true)
+	start := time.Now()
+	full, err = wait(time.After(d), w.full)
+	n1 := w.done.Load()
+	elapsed := time.Since(start)
+	w.lat.on.Store(false)
+	u := m.read().since(u0)
+	if err != nil {
+		return nil, err
+	}
+	return &sample{msgs: n1 - n0, elapsed: elapsed, lat: w.lat.take(), drainedEarly: full, usage: u}, nil
+}
+
+// backlogs sizes the transport runs' backlogs so that a run never runs out
+// of messages inside its window: the expected throughput (the comparison's
+// ceiling, or 1.5× the fastest run measured so far, whichever is higher)
+// times the warm-up and window, times 1.5. Both sides of a round get the
+// same backlog.
+type backlogs struct {
+	mu      sync.Mutex
+	fastest map[string]float64
+	sizes   map[string]int64
+}
+
+func (bl *backlogs) size(o *options, c *comparison, w, round int) int64 {
+	bl.mu.Lock()
+	defer bl.mu.Unlock()
+	if bl.sizes == nil {
+		bl.sizes, bl.fastest = map[string]int64{}, map[string]float64{}
+	}
+	k := fmt.Sprintf("%s/%d/%d", c.name, w, round)
+	if n, ok := bl.sizes[k]; ok {
+		return n
+	}
+	rate := max(c.ceiling, 1.5*bl.fastest[c.name])
+	n := int64(math.Ceil(rate*(o.warmup+o.duration).Seconds()*1.5)) + 100
+	bl.sizes[k] = n
+	return n
+}
+
+// observed records a measured throughput of a comparison.
+func (bl *backlogs) observed(c *comparison, s *sample) {
+	bl.mu.Lock()
+	defer bl.mu.Unlock()
+	if bl.fastest == nil {
+		bl.sizes, bl.fastest = map[string]int64{}, map[string]float64{}
+	}
+	bl.fastest[c.name] = max(bl.fastest[c.name], s.throughput())
+}
+
+// checkEffects fails a run that wrote an effect twice for one key.
+func (b *bench) checkEffects(ctx context.Context) error {
+	var dup int64
+	if err := b.pool.QueryRow(ctx, sqlDuplicatedEffects).Scan(&dup); err != nil {
+		return err
+	}
+	if dup != 0 {
+		return fmt.Errorf("%d duplicated effects", dup)
+	}
+	return nil
+}
