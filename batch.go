@@ -76,7 +76,7 @@ func (i *Inbox) claimBatch(ctx context.Context, tx pgx.Tx, keys []Key, maxAttemp
 		scopes[j], ids[j], fps[j], tokens[j] = it.key.Scope, it.key.ID, it.key.Fingerprint, it.token
 	}
 	rows, err := tx.Query(ctx, i.q.claimBatch, i.cfg.now(), scopes, ids, string(StateComplete), fps, tokens,
-		i.cfg.Lease, i.cfg.Retention, maxAttempts)
+		i.leaseArg, i.retentionArg, maxAttempts)
 	if err != nil {
 		return nil, translate(err)
 	}

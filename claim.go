@@ -64,9 +64,35 @@ func newToken() int64 {
 }
 
 // args are the parameters of sqlClaimInsert; sqlClaim adds maxAttempts.
+// Their positions are claimArg*.
 func (i *Inbox) claimArgs(r *claimReq) []any {
-	return []any{i.cfg.now(), r.key.Scope, r.key.ID, string(r.state), r.key.Fingerprint, r.token,
-		i.cfg.Lease, i.cfg.Retention}
+	return []any{i.cfg.now(), r.key.Scope, r.key.ID, stateArg(r.state), r.key.Fingerprint, r.token,
+		i.leaseArg, i.retentionArg}
+}
+
+// Positions in claimArgs of the arguments sqlPeek shares with the claim.
+const (
+	claimArgNow   = 0
+	claimArgScope = 1
+	claimArgKey   = 2
+	claimArgToken = 5
+)
+
+// The claim states as statement arguments, converted once.
+var (
+	argComplete any = string(StateComplete)
+	argInFlight any = string(StateInFlight)
+)
+
+// stateArg is a claim state as a statement argument.
+func stateArg(s State) any {
+	switch s {
+	case StateComplete:
+		return argComplete
+	case StateInFlight:
+		return argInFlight
+	}
+	return string(s)
 }
 
 // claimRow is what a claim statement returns for a row it inserted or took.
@@ -85,6 +111,10 @@ type claimRound struct {
 	inserted bool
 	row      claimRow
 	rec      *Record // the existing row, nil if none (or the insert's own)
+	// peeked and peekedState hold what a peek read, in the round's own
+	// allocation; rec points at peeked when it found a row.
+	peeked      Record
+	peekedState string
 }
 
 // queueClaim queues the claim's insert and, behind it, the read of the key,
@@ -94,7 +124,8 @@ type claimRound struct {
 // row.
 func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq, peek bool) *claimRound {
 	round := &claimRound{}
-	b.Queue(i.q.claimInsert, i.claimArgs(r)...).QueryRow(func(row pgx.Row) error {
+	args := i.claimArgs(r)
+	b.Queue(i.q.claimInsert, args...).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(round.row.dest()...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
@@ -103,20 +134,21 @@ func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq, peek bool) *claimRound {
 		return err
 	})
 	if peek {
-		b.Queue(i.q.peek, i.cfg.now(), r.key.Scope, r.key.ID, r.token).QueryRow(func(row pgx.Row) error {
-			rec := &Record{Key: r.key}
-			var state string
-			err := row.Scan(&state, &rec.Attempts, &rec.Token, &rec.LockedUntil, &rec.Key.Fingerprint, &rec.ReadAt)
+		// The peek reuses the claim's arguments: no conversion twice.
+		b.Queue(i.q.peek, args[claimArgNow], args[claimArgScope], args[claimArgKey], args[claimArgToken]).QueryRow(func(row pgx.Row) error {
+			rec := &round.peeked
+			rec.Key = r.key
+			err := row.Scan(&round.peekedState, &rec.Attempts, &rec.Token, &rec.LockedUntil, &rec.Key.Fingerprint, &rec.ReadAt)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil
 			}
-			rec.State = State(state)
+			rec.State = State(round.peekedState)
 			round.rec = rec
 			return err
 		})
 		return round
 	}
-	b.Queue(i.q.lookup, i.cfg.now(), r.key.Scope, r.key.ID).QueryRow(func(row pgx.Row) error {
+	b.Queue(i.q.lookup, args[claimArgNow], args[claimArgScope], args[claimArgKey]).QueryRow(func(row pgx.Row) error {
 		rec, err := scanRecord(row)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -199,15 +200,15 @@ func (c *Consumer[M]) describe(msg M) *MessageInfo {
 func (c *Consumer[M]) attempt(ctx context.Context, key Key, msg M) (Outcome, int, error) {
 	var claim *Claim
 	o, err := c.attemptClaim(ctx, key, msg, &claim)
-	n := 0
-	var he *HandlerError
-	switch {
-	case errors.As(err, &he):
-		n = he.Attempt
-	case claim != nil:
-		n = claim.Attempt
+	if err != nil {
+		if he, ok := errors.AsType[*HandlerError](err); ok {
+			return o, he.Attempt, err
+		}
 	}
-	return o, n, err
+	if claim != nil {
+		return o, claim.Attempt, err
+	}
+	return o, 0, err
 }
 
 // attemptClaim runs one transaction of Handle, leaving its claim in *cp.
@@ -238,7 +239,9 @@ func (c *Consumer[M]) attemptClaim(ctx context.Context, key Key, msg M, cp **Cla
 		}
 		return OutcomePoisoned, fmt.Errorf("%w: %s", ErrPoisoned, key)
 	case OutcomeDuplicate:
-		inbox.cfg.Logger.DebugContext(ctx, "dedupe: duplicate skipped", "scope", key.Scope, "key", key.ID)
+		if log := inbox.cfg.Logger; log.Enabled(ctx, slog.LevelDebug) {
+			log.DebugContext(ctx, "dedupe: duplicate skipped", "scope", key.Scope, "key", key.ID)
+		}
 		return OutcomeDuplicate, nil
 	default:
 		return claim.Outcome, fmt.Errorf("%w: %s", claim.Outcome.Err(), key)

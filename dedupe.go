@@ -184,6 +184,9 @@ type Inbox struct {
 	cfg   Config
 	q     queries
 	table string // quoted and qualified
+	// leaseArg and retentionArg are cfg.Lease and cfg.Retention as statement
+	// arguments, converted once rather than on every claim.
+	leaseArg, retentionArg any
 }
 
 // New returns an Inbox over db. cfg may be nil for the defaults. New does not
@@ -197,7 +200,7 @@ func New(db DB, cfg *Config) (*Inbox, error) {
 		return nil, err
 	}
 	table := c.qualifiedTable(c.Table)
-	return &Inbox{db: db, cfg: c, q: newQueries(table), table: table}, nil
+	return &Inbox{db: db, cfg: c, q: newQueries(table), table: table, leaseArg: c.Lease, retentionArg: c.Retention}, nil
 }
 
 // Config returns the inbox's configuration with defaults filled in.
