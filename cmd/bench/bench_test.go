@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -80,6 +81,11 @@ func TestBenchTinyRunReportsEveryRow(t *testing.T) {
 			if !strings.HasSuffix(cells[5], "×") || !strings.Contains(cells[6], "–") {
 				t.Errorf("ratio %q, range %q in %q", cells[5], cells[6], cells)
 			}
+			// PostgreSQL's CPU per message, where its processes are
+			// visible (a server on this machine), else a dash.
+			if cpu := cells[10]; cpu != "—" && !strings.Contains(cpu, " / ") {
+				t.Errorf("PG CPU %q in %q", cpu, cells)
+			}
 		}
 	}
 	for _, c := range comparisons {
@@ -117,7 +123,7 @@ func TestBenchTinyRunReportsEveryRow(t *testing.T) {
 		t.Errorf("inbox size rows %q", sizes)
 	}
 	purge := tableOf(t, tables, titlePurge)
-	if len(purge) != 2 || !strings.Contains(purge[1][0], "while") || !strings.HasSuffix(purge[1][5], "×") {
+	if len(purge) != 2 || !strings.Contains(purge[1][0], "while") || !strings.HasSuffix(purge[1][6], "×") {
 		t.Errorf("purge rows %q", purge)
 	}
 }
@@ -171,5 +177,22 @@ func TestLoopbackHosts(t *testing.T) {
 	}
 	if err := loopbackOnly("postgres://u@127.0.0.1:5432/x?sslmode=disable"); err != nil {
 		t.Errorf("loopback refused: %v", err)
+	}
+}
+
+func TestProcTicks(t *testing.T) {
+	t.Parallel()
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("no procfs on this system: the PG CPU column reads —")
+	}
+	if _, ok := procTicks(os.Getpid()); !ok {
+		t.Fatal("cannot read this process's CPU times")
+	}
+	got, ok := cpuSince(map[int32]int64{1: 10, 2: 5}, map[int32]int64{1: 15, 2: 5, 3: 7})
+	if !ok || got != 12 {
+		t.Errorf("cpuSince = %d, %v; want 12 (5 more, and 7 for a new backend)", got, ok)
+	}
+	if _, ok := cpuSince(nil, map[int32]int64{1: 1}); ok {
+		t.Error("cpuSince of a failed reading reported ok")
 	}
 }

@@ -203,18 +203,13 @@ func (rep *report) costOf(ctx context.Context, b *bench, c *comparison, rows []*
 		{&c.lib, &cs.lib, func(r *compared) []*sample { return r.lib }},
 		{&c.hand, &cs.hand, func(r *compared) []*sample { return r.hand }},
 	} {
+		var all []*sample
+		for _, r := range rows {
+			all = append(all, s.pick(r)...)
+		}
+		windows := sampleCost(all)
 		if s.side.drain != nil {
-			var u usage
-			var msgs int64
-			for _, r := range rows {
-				for _, smp := range s.pick(r) {
-					u.writes += smp.writes
-					u.mallocs += smp.mallocs
-					u.bytes += smp.bytes
-					msgs += smp.msgs
-				}
-			}
-			*s.dst = costOf(u, msgs)
+			*s.dst = windows
 			continue
 		}
 		if c.fresh {
@@ -226,6 +221,9 @@ func (rep *report) costOf(ctx context.Context, b *bench, c *comparison, rows []*
 		if err != nil {
 			return nil, err
 		}
+		// The server's CPU from the measured windows: a sequential probe is
+		// too short for clock ticks of 10ms.
+		got.pgCPU, got.pgOK = windows.pgCPU, windows.pgOK
 		*s.dst = got
 	}
 	return cs, nil

@@ -32,6 +32,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -47,7 +48,8 @@ func main() {
 }
 
 // run runs the benchmark with the command-line args and returns the exit
-// code: 0, or 2 when it could not run.
+// code: 0; 1 when a measurement failed (the report then holds the rows
+// measured before it); 2 when it could not run.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	o, err := parseOptions(args, stderr)
 	if err != nil {
@@ -55,14 +57,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	rep, err := runAll(ctx, o, stderr)
+	code := 0
 	if err != nil {
 		fmt.Fprintln(stderr, "bench:", err)
-		return 2
+		if _, partial := errors.AsType[*partialError](err); !partial {
+			return 2
+		}
+		code = 1
 	}
 	if o.markdown {
 		rep.markdown(stdout)
 	} else {
 		rep.text(stdout)
 	}
-	return 0
+	return code
 }

@@ -34,27 +34,50 @@ func (s *sample) throughput() float64 {
 	return float64(s.msgs) / s.elapsed.Seconds()
 }
 
-// usage is what the process spent over a window: PostgreSQL round trips
-// (writes to its sockets) and heap allocations.
+// usage is what was spent over a window: PostgreSQL round trips (writes to
+// the pool's sockets), heap allocations of the process, and CPU of the
+// PostgreSQL backends serving the pool (when it can be read: pgOK).
 type usage struct {
 	writes         int64
 	mallocs, bytes uint64
+	pgTicks        int64
+	pgOK           bool
+}
+
+// add sums two usages.
+func (u usage) add(v usage) usage {
+	return usage{writes: u.writes + v.writes, mallocs: u.mallocs + v.mallocs, bytes: u.bytes + v.bytes,
+		pgTicks: u.pgTicks + v.pgTicks, pgOK: u.pgOK && v.pgOK}
 }
 
 // meter reads the counters that make up a usage.
-type meter struct{ wire *wire }
-
-// read returns the counters now. It stops the world briefly: call it at the
-// edges of a window, never inside one.
-func (m meter) read() usage {
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return usage{writes: m.wire.writes.Load(), mallocs: ms.Mallocs, bytes: ms.TotalAlloc}
+type meter struct {
+	wire *wire
+	pg   *pgCPU
 }
 
-// since is what was spent from u0 to u.
-func (u usage) since(u0 usage) usage {
-	return usage{writes: u.writes - u0.writes, mallocs: u.mallocs - u0.mallocs, bytes: u.bytes - u0.bytes}
+// reading is the counters at one moment.
+type reading struct {
+	writes         int64
+	mallocs, bytes uint64
+	pg             map[int32]int64
+}
+
+// read returns the counters now. It stops the world briefly and asks the
+// server for its backends: call it at the edges of a window, never inside
+// one.
+func (m meter) read() reading {
+	pg := m.pg.ticks()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return reading{writes: m.wire.writes.Load(), mallocs: ms.Mallocs, bytes: ms.TotalAlloc, pg: pg}
+}
+
+// since is what was spent from r0 to r.
+func (r reading) since(r0 reading) usage {
+	u := usage{writes: r.writes - r0.writes, mallocs: r.mallocs - r0.mallocs, bytes: r.bytes - r0.bytes}
+	u.pgTicks, u.pgOK = cpuSince(r0.pg, r.pg)
+	return u
 }
 
 // measure runs f on workers goroutines for d after an uncounted warm-up and
@@ -147,7 +170,11 @@ func probe(ctx context.Context, m meter, n int, f op) (perMsg cost, err error) {
 // cost is a usage per message.
 type cost struct {
 	roundTrips, allocs, bytes float64
-	valid                     bool
+	// pgCPU is the PostgreSQL backends' CPU per message; pgOK says whether
+	// it could be read.
+	pgCPU time.Duration
+	pgOK  bool
+	valid bool
 }
 
 func costOf(u usage, msgs int64) cost {
@@ -155,7 +182,22 @@ func costOf(u usage, msgs int64) cost {
 		return cost{}
 	}
 	n := float64(msgs)
-	return cost{roundTrips: float64(u.writes) / n, allocs: float64(u.mallocs) / n, bytes: float64(u.bytes) / n, valid: true}
+	return cost{roundTrips: float64(u.writes) / n, allocs: float64(u.mallocs) / n, bytes: float64(u.bytes) / n,
+		pgCPU: time.Duration(float64(u.pgTicks) * float64(time.Second/clockTicks) / n), pgOK: u.pgOK, valid: true}
+}
+
+// sampleCost is the cost per message of the measured windows of samples.
+func sampleCost(ss []*sample) cost {
+	if len(ss) == 0 {
+		return cost{}
+	}
+	u := usage{pgOK: true}
+	var msgs int64
+	for _, s := range ss {
+		u = u.add(s.usage)
+		msgs += s.msgs
+	}
+	return costOf(u, msgs)
 }
 
 // percentile returns the p-quantile of sorted latencies (nearest rank).

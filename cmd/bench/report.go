@@ -29,7 +29,7 @@ func (rep *report) tables() []table {
 	var ts []table
 	for _, sec := range []struct{ section, title string }{{sectionCore, titleCore}, {sectionTransport, titleTransport}} {
 		t := table{title: sec.title, headers: []string{"dedupe", "hand-written", "workers", "msgs/s", "hand msgs/s",
-			"ratio", "ratio min–max", "p50 / p99", "hand p50 / p99", "latency of"}}
+			"ratio", "ratio min–max", "p50 / p99", "hand p50 / p99", "latency of", "PG CPU/msg"}}
 		for _, r := range rep.rows {
 			if r.c.section != sec.section {
 				continue
@@ -37,7 +37,7 @@ func (rep *report) tables() []table {
 			lib, hand := merge(r.lib), merge(r.hand)
 			t.rows = append(t.rows, []string{r.c.name + refMark(r.c), r.c.hand.name, fmt.Sprint(r.workers),
 				rate(lib), rate(hand), ratioMedian(r.ratios), ratioRange(r.ratios),
-				lat(lib), lat(hand), r.c.unit(rep.opts) + earlyMark(r)})
+				lat(lib), lat(hand), r.c.unit(rep.opts) + earlyMark(r), pgCPUPair(r)})
 		}
 		if len(t.rows) > 0 {
 			ts = append(ts, t)
@@ -58,22 +58,26 @@ func (rep *report) tables() []table {
 	}
 	if len(rep.sizes) > 0 {
 		t := table{title: fmt.Sprintf("%s (%d workers; against an empty inbox in the same rounds)", titleSizes, rep.opts.sizeWorkers),
-			headers: []string{"inbox rows", "msgs/s", "empty inbox msgs/s", "ratio", "ratio min–max", "p50 / p99", "empty p50 / p99"}}
+			headers: []string{"inbox rows", "msgs/s", "empty inbox msgs/s", "ratio", "ratio min–max", "p50 / p99", "empty p50 / p99", "PG CPU/msg"}}
 		for _, r := range rep.sizes {
 			lib, hand := merge(r.lib), merge(r.hand)
-			t.rows = append(t.rows, []string{r.c.name, rate(lib), rate(hand), ratioMedian(r.ratios), ratioRange(r.ratios), lat(lib), lat(hand)})
+			t.rows = append(t.rows, []string{r.c.name, rate(lib), rate(hand), ratioMedian(r.ratios), ratioRange(r.ratios), lat(lib), lat(hand), pgCPUPair(r)})
 		}
 		ts = append(ts, t)
 	}
 	if len(rep.purgeAlone) > 0 {
 		n := rep.opts.purgeRows
 		t := table{title: fmt.Sprintf("%s: Inbox.Purge of %d expired keys (default batch size)", titlePurge, n),
-			headers: []string{"run", "purge time, median (min–max)", "keys/s (median)", "Consumer.Handle msgs/s meanwhile", "no purge msgs/s", "ratio", "ratio min–max"}}
-		t.rows = append(t.rows, []string{"Purge alone", durRange(rep.purgeAlone), keysPerSec(n, rep.purgeAlone), "—", "—", "—", "—"})
+			headers: []string{"run", "purge time, median (min–max)", "keys/s (median)", "PG CPU of the purge", "Consumer.Handle msgs/s meanwhile", "no purge msgs/s", "ratio", "ratio min–max"}}
+		cpu := "—"
+		if len(rep.purgeAloneCPU) > 0 {
+			cpu = durRange(rep.purgeAloneCPU)
+		}
+		t.rows = append(t.rows, []string{"Purge alone", durRange(rep.purgeAlone), keysPerSec(n, rep.purgeAlone), cpu, "—", "—", "—", "—"})
 		if r := rep.purge; r != nil {
 			lib, hand := merge(r.lib), merge(r.hand)
 			t.rows = append(t.rows, []string{fmt.Sprintf("Purge while Consumer.Handle runs (%d workers)", r.workers),
-				durRange(rep.purgeLoaded), keysPerSec(n, rep.purgeLoaded), rate(lib), rate(hand), ratioMedian(r.ratios), ratioRange(r.ratios)})
+				durRange(rep.purgeLoaded), keysPerSec(n, rep.purgeLoaded), "—", rate(lib), rate(hand), ratioMedian(r.ratios), ratioRange(r.ratios)})
 		}
 		ts = append(ts, t)
 	}
@@ -144,6 +148,16 @@ func pair(lib, hand float64, format string, c *costs) string {
 		return "—"
 	}
 	return fmt.Sprintf(format+" / "+format, lib, hand)
+}
+
+// pgCPUPair is the PostgreSQL CPU per message of both sides of a row over
+// its measured windows.
+func pgCPUPair(r *compared) string {
+	lib, hand := sampleCost(r.lib), sampleCost(r.hand)
+	if !lib.pgOK || !hand.pgOK {
+		return "—"
+	}
+	return dur(lib.pgCPU) + " / " + dur(hand.pgCPU)
 }
 
 // refMark flags a row whose baseline does less work than the library.

@@ -27,6 +27,7 @@ type report struct {
 	// purgeLoaded the times of the purges the purge row ran under load.
 	purge                   *compared
 	purgeAlone, purgeLoaded []time.Duration
+	purgeAloneCPU           []time.Duration // PostgreSQL CPU of each purge alone
 	server                  string
 	cores                   int
 	started                 time.Time
@@ -65,6 +66,15 @@ func runAll(ctx context.Context, o *options, log io.Writer) (*report, error) {
 			fmt.Fprintf(log, "bench: drop schema %s: %v\n", schema, err)
 		}
 	}()
+	// The connection that finds the pool's backends for their CPU times.
+	mcfg := cfg.ConnConfig.Copy()
+	mcfg.RuntimeParams["application_name"] = "dedupe-bench-meter"
+	mconn, err := pgx.ConnectConfig(ctx, mcfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	defer mconn.Close(context.WithoutCancel(ctx))
+	pg := &pgCPU{conn: mconn, app: cfg.ConnConfig.RuntimeParams["application_name"]}
 	var w wire
 	dial := cfg.ConnConfig.DialFunc
 	if dial == nil {
@@ -84,35 +94,44 @@ func runAll(ctx context.Context, o *options, log io.Writer) (*report, error) {
 	}
 	rep := &report{opts: o, started: time.Now(), cores: runtime.NumCPU()}
 	_ = pool.QueryRow(ctx, "SHOW server_version").Scan(&rep.server)
-	b, err := newBench(o, pool, meter{wire: &w})
+	b, err := newBench(o, pool, meter{wire: &w, pg: pg})
 	if err != nil {
 		return nil, err
 	}
 	if b.http, err = newHTTPBench(ctx, pool, min(o.dupKeys, 2000)); err != nil {
 		return nil, err
 	}
+	// A section that fails ends the run; the rows measured before it are
+	// still reported.
 	if err := rep.runComparisons(ctx, b, sectionCore, log); err != nil {
-		return nil, err
+		return rep, &partialError{err}
 	}
 	if err := rep.runSizes(ctx, b, log); err != nil {
-		return nil, err
+		return rep, &partialError{err}
 	}
 	if err := rep.runPurge(ctx, b, log); err != nil {
-		return nil, err
+		return rep, &partialError{err}
 	}
 	if o.transports && slices.ContainsFunc(comparisons, func(c comparison) bool { return c.section == sectionTransport && c.selected(o) }) {
 		embedded, err := natstest.Embed()
 		if err != nil {
-			return nil, err
+			return rep, &partialError{err}
 		}
 		defer embedded.Close()
 		b.js = embedded.JS
 		if err := rep.runComparisons(ctx, b, sectionTransport, log); err != nil {
-			return nil, err
+			return rep, &partialError{err}
 		}
 	}
 	return rep, nil
 }
+
+// partialError is a measurement that failed after others succeeded: the
+// report holds the rows measured before it.
+type partialError struct{ err error }
+
+func (e *partialError) Error() string { return e.err.Error() }
+func (e *partialError) Unwrap() error { return e.err }
 
 // sizeTable is the inbox the inbox-size rows preload.
 const sizeTable = "bench_inbox_big"
@@ -215,9 +234,13 @@ func (rep *report) runPurge(ctx context.Context, b *bench, log io.Writer) error 
 		if err := expired(round); err != nil {
 			return err
 		}
+		r0 := b.meter.read()
 		took, err := purge(ctx)
 		if err != nil {
 			return err
+		}
+		if u := b.meter.read().since(r0); u.pgOK {
+			rep.purgeAloneCPU = append(rep.purgeAloneCPU, time.Duration(u.pgTicks)*(time.Second/clockTicks))
 		}
 		rep.purgeAlone = append(rep.purgeAlone, took)
 		fmt.Fprintf(log, "bench: Inbox.Purge of %d expired keys, nothing else running: %v\n", n, took.Round(time.Millisecond))

@@ -44,12 +44,16 @@ func (b *bench) natsStream(ctx context.Context, backlog int64) (jetstream.Consum
 			cleanup()
 			return nil, nil, err
 		}
-	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-ctx.Done():
-		cleanup()
-		return nil, nil, ctx.Err()
+		// Wait for the acks every 1000 messages: the client refuses more
+		// than a few thousand unacknowledged publishes.
+		if (i+1)%1000 == 0 || i == backlog-1 {
+			select {
+			case <-js.PublishAsyncComplete():
+			case <-ctx.Done():
+				cleanup()
+				return nil, nil, ctx.Err()
+			}
+		}
 	}
 	return cons, cleanup, nil
 }
