@@ -202,7 +202,7 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 
 // fail reports err on stderr and returns its exit code.
 func (c *cli) fail(cmd string, err error) int {
-	msg := err.Error()
+	msg := errText(err)
 	if errors.Is(err, dedupe.ErrNotMigrated) {
 		msg += "\nhint: create the table with 'dedupe migrate up' (same --schema and --table)"
 	}

@@ -88,7 +88,9 @@ func TestGlobalTableAndSchemaFlags(t *testing.T) {
 func TestInspectShowsRecordOrNotFound(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	if r := e.cli(t, "inspect", "--scope", "jobs", "--key", "absent"); r.code != exitNotFound || !strings.Contains(r.stderr, "not found") {
+	// One prefix, the command's: the library's "dedupe: " is not repeated.
+	if r := e.cli(t, "inspect", "--scope", "jobs", "--key", "absent"); r.code != exitNotFound ||
+		r.stderr != "dedupe inspect: no such key: scope \"jobs\", key \"absent\"\n" {
 		t.Fatalf("absent key = %d\n%s", r.code, r.stderr)
 	}
 	if r := e.cli(t, "inspect", "--scope", "jobs", "--key", "bad\x01key"); r.code != exitUsage {
@@ -255,7 +257,8 @@ func TestPurgeDeletesExpiredInBatchesWithProgress(t *testing.T) {
 func TestReleaseAbsentKey(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	if r := e.cli(t, "release", "--scope", "jobs", "--key", "nope", "--yes"); r.code != exitNotFound {
+	if r := e.cli(t, "release", "--scope", "jobs", "--key", "nope", "--yes"); r.code != exitNotFound ||
+		r.stderr != "dedupe release: no such key: scope \"jobs\", key \"nope\"\n" {
 		t.Fatalf("release absent = %d, want %d", r.code, exitNotFound)
 	}
 }
