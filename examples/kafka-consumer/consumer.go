@@ -14,7 +14,12 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
+	"github.com/exactlyonce/dedupe/examples/embedded"
 )
+
+// embeddedPartitions is the number of partitions of the topics of the
+// embedded broker.
+const embeddedPartitions = 3
 
 // payment is the event body.
 type payment struct {
@@ -97,6 +102,24 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 
+	if cfg.Embedded {
+		topics := []string{cfg.Topic}
+		if cfg.DLQTopic != "" {
+			topics = append(topics, cfg.DLQTopic)
+		}
+		broker, err := embedded.Kafka(cfg.Brokers[0], embeddedPartitions, topics...)
+		if err != nil {
+			return fmt.Errorf("%w (is a Kafka broker already listening there? then drop -embedded, or set KAFKA_BROKERS to a free address)", err)
+		}
+		defer broker.Close()
+		cfg.Brokers = broker.Addrs()
+		log.Info("embedded Kafka-protocol broker started", "brokers", cfg.Brokers, "topics", topics, "partitions", embeddedPartitions)
+	}
+	partitions, err := checkBrokers(ctx, cfg.Brokers, cfg.Topic)
+	if err != nil {
+		return err
+	}
+
 	rc := kafka.ReaderConfig{
 		Brokers:     cfg.Brokers,
 		GroupID:     cfg.Group,
@@ -145,8 +168,8 @@ func run(ctx context.Context, cfg config) error {
 			}
 		}
 	})
-	log.Info("kafka-consumer started", "brokers", cfg.Brokers, "topic", cfg.Topic, "group", cfg.Group,
-		"batch", cfg.BatchSize, "dead_letter", cfg.DLQTopic)
+	log.Info("kafka-consumer started", "brokers", cfg.Brokers, "topic", cfg.Topic, "partitions", partitions,
+		"group", cfg.Group, "batch", cfg.BatchSize, "dead_letter", cfg.DLQTopic)
 	err = runner.Run(ctx)
 	cancel()
 	background.Wait()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
+	"github.com/exactlyonce/dedupe/examples/embedded"
 )
 
 // order is the message body.
@@ -82,9 +83,23 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 
-	nc, err := nats.Connect(cfg.NATSURL, nats.Name("dedupe-nats-consumer"), nats.MaxReconnects(-1))
+	natsURL := cfg.NATSURL
+	if cfg.Embedded {
+		addr, err := hostPort(cfg.NATSURL)
+		if err != nil {
+			return err
+		}
+		srv, err := embedded.NATS(addr)
+		if err != nil {
+			return fmt.Errorf("%w (is a NATS server already listening there? then drop -embedded, or set NATS_URL to a free address)", err)
+		}
+		defer srv.Close()
+		natsURL = srv.URL()
+		log.Info("embedded NATS server with JetStream started", "url", natsURL)
+	}
+	nc, err := nats.Connect(natsURL, nats.Name("dedupe-nats-consumer"), nats.MaxReconnects(-1))
 	if err != nil {
-		return fmt.Errorf("connect to NATS: %w", err)
+		return fmt.Errorf("connect to NATS at %s: %w (start a server, set NATS_URL, or pass -embedded)", natsURL, err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)

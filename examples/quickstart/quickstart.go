@@ -20,7 +20,7 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
-	"github.com/exactlyonce/dedupe/internal/natstest"
+	"github.com/exactlyonce/dedupe/examples/embedded"
 )
 
 const (
@@ -122,12 +122,20 @@ func run(ctx context.Context, o options) (*report, error) {
 
 	// NATS with JetStream, in-process, storing in a temporary directory;
 	// its own connection publishes the orders.
-	ns, err := natstest.Embed()
+	ns, err := embedded.NATS("127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	defer ns.Close()
-	js := ns.JS
+	pubConn, err := nats.Connect(ns.URL())
+	if err != nil {
+		return nil, err
+	}
+	defer pubConn.Close()
+	js, err := jetstream.New(pubConn)
+	if err != nil {
+		return nil, err
+	}
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: streamName, Subjects: []string{"orders.>"}}); err != nil {
 		return nil, err
 	}
