@@ -180,6 +180,7 @@ func WriteError(w http.ResponseWriter, _ *http.Request, err error) {
 		p.Detail = err.Error()
 	}
 	body, _ := json.Marshal(p)
+	body = append(body, '\n') // as json.Encoder ends a document: a terminal shows the next prompt on its own line
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)

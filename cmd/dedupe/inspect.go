@@ -55,6 +55,13 @@ type recordJSON struct {
 	ExpiresAt jsonTime `json:"expires_at"`
 }
 
+// releasedGap tells a lease that a failed attempt ended from one that ran
+// out. A failure (Inbox.Fail, or a transactional handler's) ends the lease
+// in the statement that records it, so locked_until and updated_at are two
+// readings of the database's clock in one statement, microseconds apart; a
+// lease that ran out was set, at its last write, to end a whole lease later.
+const releasedGap = 10 * time.Millisecond
+
 // newRecordJSON renders r; its lease is judged on the database's clock
 // (Record.ReadAt).
 func newRecordJSON(r *dedupe.Record) recordJSON {
@@ -72,11 +79,7 @@ func newRecordJSON(r *dedupe.Record) recordJSON {
 			case left > 0:
 				out.Lease = "live"
 				out.LeaseRemaining = left.Round(time.Millisecond).String()
-			case r.LockedUntil.Equal(r.UpdatedAt):
-				// A failed attempt (Fail, or a transactional handler's
-				// failure) ends the lease in the statement that records
-				// the failure; a lease that ran out was set to end after
-				// its last write.
+			case r.LockedUntil.Sub(r.UpdatedAt).Abs() < releasedGap:
 				out.Lease = "released"
 			default:
 				out.Lease = "expired"

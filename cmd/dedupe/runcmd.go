@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/exactlyonce/dedupe"
@@ -395,7 +394,7 @@ func (c *cli) endRun(rep *runReport, outcome string, code int, err error) int {
 	key := rep.Scope + "/" + rep.Key
 	switch {
 	case err != nil:
-		fmt.Fprintf(c.stderr, "dedupe run: %s\n", strings.TrimPrefix(rep.Error, "dedupe: "))
+		fmt.Fprintf(c.stderr, "dedupe run: %s\n", errText(errors.New(rep.Error)))
 	case outcome == "skipped":
 		fmt.Fprintf(c.stderr, "dedupe run: %s is already complete (status %d); not running it again\n", key, *rep.Status)
 	default:
