@@ -76,12 +76,10 @@ type Transport struct {
 	cfg TransportConfig
 }
 
-// NewTransport returns a Transport. cfg may be nil for the defaults.
-func NewTransport(cfg *TransportConfig) (*Transport, error) {
-	var c TransportConfig
-	if cfg != nil {
-		c = *cfg
-	}
+// NewTransport returns a Transport; the zero TransportConfig is the
+// defaults.
+func NewTransport(cfg TransportConfig) (*Transport, error) {
+	c := cfg
 	if c.Base == nil {
 		c.Base = http.DefaultTransport
 	}
@@ -130,7 +128,7 @@ func NewTransport(cfg *TransportConfig) (*Transport, error) {
 }
 
 // NewClient returns an *http.Client using a Transport built from cfg.
-func NewClient(cfg *TransportConfig) (*http.Client, error) {
+func NewClient(cfg TransportConfig) (*http.Client, error) {
 	t, err := NewTransport(cfg)
 	if err != nil {
 		return nil, err

@@ -190,11 +190,8 @@ var unstorableHeaders = map[string]string{
 	"Upgrade":             "hop-by-hop header",
 }
 
-func (c *Config) withDefaults() (Config, error) {
-	var out Config
-	if c != nil {
-		out = *c
-	}
+func (c Config) withDefaults() (Config, error) {
+	out := c
 	if out.Inbox.Table == "" {
 		out.Inbox.Table = DefaultTable
 	}

@@ -27,10 +27,10 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		log.Fatal(err)
 	}
-	inbox, err := dedupe.New(pool, nil)
+	inbox, err := dedupe.New(pool, dedupe.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func ExampleNewBatch() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	inbox, err := dedupe.New(pool, nil)
+	inbox, err := dedupe.New(pool, dedupe.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -130,11 +130,8 @@ type Config struct {
 
 // withDefaults fills the zero fields of a copy of c for consumer info ci
 // and validates it.
-func (c *Config) withDefaults(inbox *dedupe.Inbox, ci *jetstream.ConsumerInfo) (Config, error) {
-	var out Config
-	if c != nil {
-		out = *c
-	}
+func (c Config) withDefaults(inbox *dedupe.Inbox, ci *jetstream.ConsumerInfo) (Config, error) {
+	out := c
 	ackWait := DefaultAckWait
 	maxDeliver := -1
 	var maxBatch int

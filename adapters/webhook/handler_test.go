@@ -329,7 +329,7 @@ func TestRefusalsDoNoDatabaseWork(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	db := &countingDB{Pool: b.db.Pool}
-	inbox, err := dedupe.New(db, nil)
+	inbox, err := dedupe.New(db, dedupe.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -608,7 +608,7 @@ func TestConnectionKilledMidTransaction(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	app := "victim-" + b.db.Schema
-	inbox, err := dedupe.New(b.db.AppPool(t, app, 2), nil)
+	inbox, err := dedupe.New(b.db.AppPool(t, app, 2), dedupe.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -716,7 +716,7 @@ func TestCustomVerifierFaultIs500(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	db := &countingDB{Pool: b.db.Pool}
-	inbox, err := dedupe.New(db, nil)
+	inbox, err := dedupe.New(db, dedupe.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

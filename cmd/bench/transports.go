@@ -222,10 +222,7 @@ func (b *bench) natsRunner(ctx context.Context, js jetstream.JetStream, row, w i
 	defer cleanup()
 	n := b.opts.transportMsgs
 	var lat latencies
-	r, err := dedupenats.New(b.inbox, cons, func(ctx context.Context, tx pgx.Tx, _ jetstream.Msg) error {
-		_, err := tx.Exec(ctx, sqlEffect, dedupe.ClaimFromContext(ctx).Key.ID, body)
-		return err
-	}, &dedupenats.Config{
+	r, err := dedupenats.New(b.inbox, cons, dedupenats.Config{
 		Scope:   "nats-runner",
 		Key:     dedupenats.HeaderKey(idHeader),
 		Workers: w,
@@ -234,6 +231,9 @@ func (b *bench) natsRunner(ctx context.Context, js jetstream.JetStream, row, w i
 				lat.add(e.Latency)
 			}
 		}),
+	}, func(ctx context.Context, tx pgx.Tx, _ jetstream.Msg) error {
+		_, err := tx.Exec(ctx, sqlEffect, dedupe.ClaimFromContext(ctx).Key.ID, body)
+		return err
 	})
 	if err != nil {
 		return nil, err

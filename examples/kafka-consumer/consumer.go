@@ -84,7 +84,7 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	defer pool.Close()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		return err
 	}
 	if err := migrateLedger(ctx, pool); err != nil {
@@ -92,7 +92,7 @@ func run(ctx context.Context, cfg config) error {
 	}
 	// Keys must outlive the longest redelivery: a day of retention is plenty
 	// for a consumer group that is never more than hours behind.
-	inbox, err := dedupe.New(pool, &dedupe.Config{Retention: 24 * time.Hour, Logger: log})
+	inbox, err := dedupe.New(pool, dedupe.Config{Retention: 24 * time.Hour, Logger: log})
 	if err != nil {
 		return err
 	}

@@ -71,13 +71,13 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	defer pool.Close()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		return err
 	}
 	if err := migrateShipments(ctx, pool); err != nil {
 		return fmt.Errorf("create shipments: %w", err)
 	}
-	inbox, err := dedupe.New(pool, &dedupe.Config{Logger: log})
+	inbox, err := dedupe.New(pool, dedupe.Config{Logger: log})
 	if err != nil {
 		return err
 	}
@@ -112,7 +112,7 @@ func run(ctx context.Context, cfg config) error {
 	}
 
 	var counts dedupenats.Counters
-	rcfg := &dedupenats.Config{
+	rcfg := dedupenats.Config{
 		Workers:           cfg.Workers,
 		Metrics:           dedupenats.Tee(&counts, dedupenats.LogMetrics{Logger: log}),
 		Logger:            log,
@@ -122,7 +122,7 @@ func run(ctx context.Context, cfg config) error {
 	if cfg.KeyHeader != "" {
 		rcfg.Key = dedupenats.HeaderKey(cfg.KeyHeader)
 	}
-	r, err := dedupenats.New(inbox, cons, ship, rcfg)
+	r, err := dedupenats.New(inbox, cons, rcfg, ship)
 	if err != nil {
 		return err
 	}

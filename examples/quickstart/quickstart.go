@@ -108,14 +108,14 @@ func run(ctx context.Context, o options) (*report, error) {
 			fmt.Fprintf(os.Stderr, "quickstart: drop schema %s: %v\n", rep.Schema, err)
 		}
 	}()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		return nil, err
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE shipments (
 		id bigserial PRIMARY KEY, order_id text NOT NULL, item text NOT NULL, qty int NOT NULL)`); err != nil {
 		return nil, err
 	}
-	inbox, err := dedupe.New(pool, &dedupe.Config{Logger: o.Logger, Observer: o.Observer})
+	inbox, err := dedupe.New(pool, dedupe.Config{Logger: o.Logger, Observer: o.Observer})
 	if err != nil {
 		return nil, err
 	}
@@ -195,13 +195,13 @@ func run(ctx context.Context, o options) (*report, error) {
 				}
 			}))
 		}
-		r, err := dedupenats.New(inbox, cons, handler, &dedupenats.Config{
+		r, err := dedupenats.New(inbox, cons, dedupenats.Config{
 			Key:     dedupenats.HeaderKey(orderIDHdr),
 			Workers: o.Workers,
 			Backoff: dedupenats.ExponentialBackoff(20*time.Millisecond, 200*time.Millisecond),
 			Metrics: metrics,
 			Logger:  o.Logger,
-		})
+		}, handler)
 		if err != nil {
 			return nil, err
 		}

@@ -41,7 +41,7 @@ func setupIdem(t *testing.T, cfg httpidem.Config) *idemEnv {
 		ie.lastErr.Store(&err)
 		httpidem.WriteError(w, r, err)
 	}
-	mw, err := httpidem.New(ie.db.Pool, &cfg)
+	mw, err := httpidem.New(ie.db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +222,7 @@ func TestIdempotencyConfigRefusals(t *testing.T) {
 		"hop-by-hop header stored": "StoredHeaders", "Connection stored": "StoredHeaders",
 	}
 	for name, c := range cases {
-		_, err := httpidem.New(c.db, &c.cfg)
+		_, err := httpidem.New(c.db, c.cfg)
 		var ce *httpidem.ConfigError
 		var dce *dedupe.ConfigError
 		if !errors.As(err, &ce) && !errors.As(err, &dce) {

@@ -24,11 +24,11 @@ type env struct {
 func setup(t *testing.T) *env {
 	t.Helper()
 	db := dbtest.New(t, dbtest.Options{MaxConns: 4})
-	if err := dedupe.Migrate(context.Background(), db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(context.Background(), db.Pool, dedupe.MigrateConfig{}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	db.Exec(t, `CREATE TABLE effects (id bigserial PRIMARY KEY, msg_id text NOT NULL)`)
-	inbox, err := dedupe.New(db.Pool, nil)
+	inbox, err := dedupe.New(db.Pool, dedupe.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -525,7 +525,7 @@ func TestBatchModeUsesRunnerMaxAttempts(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
 	ctx := context.Background()
-	strict, err := dedupe.New(b.db.Pool, &dedupe.Config{MaxAttempts: 1})
+	strict, err := dedupe.New(b.db.Pool, dedupe.Config{MaxAttempts: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

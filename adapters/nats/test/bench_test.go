@@ -54,11 +54,11 @@ type pipeline struct {
 func benchPipeline(b *testing.B, workers int) {
 	db := dbtest.New(b)
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, db.Pool, dedupe.MigrateConfig{}); err != nil {
 		b.Fatal(err)
 	}
 	db.Exec(b, `CREATE TABLE effects (id bigserial PRIMARY KEY, msg_id text NOT NULL, body bytea)`)
-	inbox, err := dedupe.New(db.Pool, nil)
+	inbox, err := dedupe.New(db.Pool, dedupe.Config{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func benchPipeline(b *testing.B, workers int) {
 		p := &pipeline{name: "runner-" + strings.ToLower(name), subject: name + ".orders"}
 		var cons jetstream.Consumer
 		p.nc, cons = consumerOf(name)
-		r, err := dedupenats.New(inbox, cons, insertEffect, &dedupenats.Config{
+		r, err := dedupenats.New(inbox, cons, dedupenats.Config{
 			Workers: workers,
 			AckMode: mode,
 			Metrics: dedupenats.MetricsFunc(func(_ context.Context, e dedupenats.Event) {
@@ -103,7 +103,7 @@ func benchPipeline(b *testing.B, workers int) {
 					p.done.Add(1)
 				}
 			}),
-		})
+		}, insertEffect)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -62,7 +62,7 @@ func TestDatabaseOutageSpendsNoDeliveries(t *testing.T) {
 	var c dedupenats.Counters
 	cfg := fastConfig(&c)
 	cfg.Heartbeat = 100 * time.Millisecond // a tenth of AckWait
-	r, err := dedupenats.New(inbox, cons, insertEffect, cfg)
+	r, err := dedupenats.New(inbox, cons, *cfg, insertEffect)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestStopAtLastDeliveryDuringOutageDeadLetters(t *testing.T) {
 	cfg := fastConfig(&c)
 	cfg.DrainTimeout = 100 * time.Millisecond
 	cfg.DeadLetterSubject, cfg.DeadLetterJS = "dlq.orders", b.js
-	r, err := dedupenats.New(inbox, cons, insertEffect, cfg)
+	r, err := dedupenats.New(inbox, cons, *cfg, insertEffect)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +196,7 @@ func TestStopAtLastDeliveryWithoutDeadLetterWaitsForTheDatabase(t *testing.T) {
 	cfg.DrainTimeout = 100 * time.Millisecond
 	cfg.Heartbeat = 100 * time.Millisecond
 	cfg.Logger = testLogger(t)
-	r, err := dedupenats.New(inbox, cons, insertEffect, cfg)
+	r, err := dedupenats.New(inbox, cons, *cfg, insertEffect)
 	if err != nil {
 		t.Fatal(err)
 	}

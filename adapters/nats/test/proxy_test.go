@@ -138,7 +138,7 @@ func (b *bundle) inboxBehind(t *testing.T) (*dedupe.Inbox, *pgProxy) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	inbox, err := dedupe.New(pool, nil)
+	inbox, err := dedupe.New(pool, dedupe.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
