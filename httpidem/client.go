@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/exactlyonce/dedupe"
 )
 
 // Defaults of TransportConfig.
@@ -116,13 +118,13 @@ func NewTransport(cfg TransportConfig) (*Transport, error) {
 	}
 	switch {
 	case c.MaxAttempts < 1:
-		return nil, &ConfigError{Field: "MaxAttempts", Reason: "must be at least 1"}
+		return nil, &dedupe.ConfigError{Field: "MaxAttempts", Reason: "must be at least 1"}
 	case c.InitialBackoff < 0 || c.MaxBackoff < 0 || c.MaxRetryAfter < 0:
-		return nil, &ConfigError{Field: "InitialBackoff/MaxBackoff/MaxRetryAfter", Reason: "must not be negative"}
+		return nil, &dedupe.ConfigError{Field: "InitialBackoff/MaxBackoff/MaxRetryAfter", Reason: "must not be negative"}
 	case c.MaxBackoff < c.InitialBackoff:
-		return nil, &ConfigError{Field: "MaxBackoff", Reason: "must be at least InitialBackoff"}
+		return nil, &dedupe.ConfigError{Field: "MaxBackoff", Reason: "must be at least InitialBackoff"}
 	case strings.EqualFold(c.Header, c.RequestIDHeader):
-		return nil, &ConfigError{Field: "RequestIDHeader", Reason: "must differ from Header: a per-attempt id is not an idempotency key"}
+		return nil, &dedupe.ConfigError{Field: "RequestIDHeader", Reason: "must differ from Header: a per-attempt id is not an idempotency key"}
 	}
 	return &Transport{cfg: c}, nil
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/httpidem"
 )
 
@@ -316,7 +317,7 @@ func TestTransportConfigValidation(t *testing.T) {
 		{InitialBackoff: time.Second, MaxBackoff: time.Millisecond},
 		{RequestIDHeader: "idempotency-key"},
 	} {
-		if _, err := httpidem.NewTransport(cfg); !errors.Is(err, httpidem.ErrInvalidConfig) {
+		if _, err := httpidem.NewTransport(cfg); !errors.Is(err, dedupe.ErrInvalidConfig) {
 			t.Errorf("NewTransport(%+v) = %v, want ErrInvalidConfig", cfg, err)
 		}
 	}

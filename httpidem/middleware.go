@@ -68,7 +68,7 @@ type Middleware struct {
 // Migrate once before serving.
 func New(db dedupe.DB, cfg Config) (*Middleware, error) {
 	if db == nil {
-		return nil, &ConfigError{Field: "db", Reason: "must not be nil"}
+		return nil, &dedupe.ConfigError{Field: "db", Reason: "must not be nil"}
 	}
 	c, err := cfg.withDefaults()
 	if err != nil {

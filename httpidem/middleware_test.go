@@ -506,7 +506,7 @@ func TestConfigValidation(t *testing.T) {
 			t.Errorf("New(%+v) accepted an invalid config", cfg)
 		}
 	}
-	if _, err := httpidem.New(nil, httpidem.Config{}); !errors.Is(err, httpidem.ErrInvalidConfig) {
+	if _, err := httpidem.New(nil, httpidem.Config{}); !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Errorf("New(nil) = %v, want ErrInvalidConfig", err)
 	}
 	got := b.mw.Config()

@@ -242,7 +242,7 @@ func ExampleNewHMAC_signedIDHeader() {
 	_, err = webhook.NewHMAC(inbox, webhook.HMACConfig{HMACVerifier: webhook.HMACVerifier{
 		Secrets: []string{"acme-secret"}, IDHeader: "X-Acme-Id"}},
 		func(context.Context, pgx.Tx, webhook.Event) error { return nil })
-	var ce *webhook.ConfigError
+	var ce *dedupe.ConfigError
 	fmt.Println(errors.As(err, &ce), ce.Field)
 	// Output:
 	// 200 processed

@@ -694,11 +694,11 @@ func TestConstructorsValidateConfig(t *testing.T) {
 		"nil verifier": func() error { _, err := webhook.New(b.inbox, nil, webhook.Config{}, nop); return err },
 	}
 	for name, f := range attempts {
-		if err := f(); !errors.Is(err, webhook.ErrInvalidConfig) {
+		if err := f(); !errors.Is(err, dedupe.ErrInvalidConfig) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
 		}
 	}
-	var ce *webhook.ConfigError
+	var ce *dedupe.ConfigError
 	if _, err := webhook.NewStripe(b.inbox, webhook.StripeConfig{}, nop); !errors.As(err, &ce) || ce.Field != "Secrets" {
 		t.Errorf("ConfigError = %+v", ce)
 	}

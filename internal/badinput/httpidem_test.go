@@ -223,7 +223,7 @@ func TestIdempotencyConfigRefusals(t *testing.T) {
 	}
 	for name, c := range cases {
 		_, err := httpidem.New(c.db, c.cfg)
-		var ce *httpidem.ConfigError
+		var ce *dedupe.ConfigError
 		var dce *dedupe.ConfigError
 		if !errors.As(err, &ce) && !errors.As(err, &dce) {
 			t.Errorf("%s: err = %v, want a *ConfigError", name, err)
@@ -231,8 +231,8 @@ func TestIdempotencyConfigRefusals(t *testing.T) {
 		if field := configField(err); field != fields[name] {
 			t.Errorf("%s: err = %v names field %q, want %q", name, err, field, fields[name])
 		}
-		if ce != nil && !errors.Is(err, httpidem.ErrInvalidConfig) {
-			t.Errorf("%s: err = %v does not match httpidem.ErrInvalidConfig", name, err)
+		if ce != nil && !errors.Is(err, dedupe.ErrInvalidConfig) {
+			t.Errorf("%s: err = %v does not match dedupe.ErrInvalidConfig", name, err)
 		}
 	}
 	e.assertNothingWritten(t)

@@ -8,8 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/dedupe"
-	"github.com/exactlyonce/dedupe/adapters/webhook"
-	"github.com/exactlyonce/dedupe/httpidem"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 )
 
@@ -55,8 +53,8 @@ func (e *env) assertNothingWritten(t *testing.T) {
 // configField is the field named by the *ConfigError in err's chain: the
 // webhook's or httpidem's own, else the core's ("" when there is none).
 func configField(err error) string {
-	var we *webhook.ConfigError
-	var he *httpidem.ConfigError
+	var we *dedupe.ConfigError
+	var he *dedupe.ConfigError
 	var de *dedupe.ConfigError
 	switch {
 	case errors.As(err, &we):
