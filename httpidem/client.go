@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strconv"
@@ -39,8 +38,8 @@ type TransportConfig struct {
 	// (the first try included). Defaults to 5.
 	MaxAttempts int
 	// InitialBackoff is the wait before the second attempt; it doubles with
-	// each further attempt up to MaxBackoff, and each wait is jittered to
-	// between half and all of it. Defaults to 100ms.
+	// each further attempt up to MaxBackoff (dedupe.Backoff), and each wait
+	// is jittered by ±50%. Defaults to 100ms.
 	InitialBackoff time.Duration
 	// MaxBackoff caps the backoff. Defaults to 10s.
 	MaxBackoff time.Duration
@@ -268,16 +267,7 @@ func retryStatus(resp *http.Response) bool {
 
 // backoff is the jittered exponential wait after attempt (1-based).
 func (t *Transport) backoff(attempt int) time.Duration {
-	d := t.cfg.InitialBackoff
-	for i := 1; i < attempt && d < t.cfg.MaxBackoff; i++ {
-		d *= 2
-	}
-	d = min(d, t.cfg.MaxBackoff)
-	if d <= 1 {
-		return d
-	}
-	half := d / 2
-	return half + rand.N(d-half+1)
+	return dedupe.Backoff{Min: t.cfg.InitialBackoff, Max: t.cfg.MaxBackoff, Jitter: 0.5}.Delay(attempt)
 }
 
 // parseRetryAfter reads a Retry-After of delay-seconds or an HTTP-date.

@@ -85,7 +85,7 @@ type Config struct {
 	// at least 1s and at most 5s.
 	PullExpiry time.Duration
 	// Backoff gives the redelivery delay after the attempt-th failed attempt.
-	// Defaults to ExponentialBackoff(100ms, 30s).
+	// Defaults to dedupe.Backoff{Min: 100ms, Max: 30s, Jitter: 0.2}.Delay.
 	Backoff func(attempt int) time.Duration
 	// InFlightDelay is the redelivery delay when a concurrent attempt holds
 	// the key. Defaults to 1s.
@@ -176,7 +176,7 @@ func (c Config) withDefaults(inbox *dedupe.Inbox, ci *jetstream.ConsumerInfo) (C
 		out.MaxPending = max(2*out.Workers, DefaultMinPending)
 	}
 	if out.Backoff == nil {
-		out.Backoff = ExponentialBackoff(DefaultBackoffBase, DefaultBackoffMax)
+		out.Backoff = dedupe.Backoff{Min: DefaultBackoffBase, Max: DefaultBackoffMax, Jitter: 0.2}.Delay
 	}
 	if out.InFlightDelay == 0 {
 		out.InFlightDelay = DefaultInFlightDelay

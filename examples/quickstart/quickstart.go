@@ -198,7 +198,7 @@ func run(ctx context.Context, o options) (*report, error) {
 		r, err := dedupenats.New(inbox, cons, dedupenats.Config{
 			Key:     dedupenats.HeaderKey(orderIDHdr),
 			Workers: o.Workers,
-			Backoff: dedupenats.ExponentialBackoff(20*time.Millisecond, 200*time.Millisecond),
+			Backoff: dedupe.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond}.Delay,
 			Metrics: metrics,
 			Logger:  o.Logger,
 		}, handler)

@@ -93,7 +93,7 @@ func TestFailTwiceThenSucceedOneEffect(t *testing.T) {
 		delays []time.Duration
 	)
 	cfg := fastConfig(nil)
-	cfg.Backoff = dedupenats.ExponentialBackoff(10*time.Millisecond, time.Second)
+	cfg.Backoff = dedupe.Backoff{Min: 10 * time.Millisecond, Max: time.Second}.Delay
 	cfg.Metrics = dedupenats.Tee(&c, dedupenats.MetricsFunc(func(_ context.Context, e dedupenats.Event) {
 		if e.Kind == dedupenats.KindRetry {
 			mu.Lock()
