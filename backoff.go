@@ -15,13 +15,14 @@ type Backoff struct {
 	Min time.Duration
 	// Max caps the delay. Values below Min are taken as Min.
 	Max time.Duration
-	// Jitter spreads each delay by ± this fraction of it (0.2: 80% to 120%),
-	// within [0, 1]. Defaults to 0: exact delays.
+	// Jitter shortens each delay by a random part of up to this fraction of
+	// it (0.2: each delay is drawn from 80% to 100% of its value), within
+	// [0, 1], so that Max stays a true cap. Defaults to 0: exact delays.
 	Jitter float64
 }
 
-// Delay returns the delay after the attempt-th consecutive failure (from 1;
-// lower values are taken as 1).
+// Delay returns the (jittered) delay after the attempt-th consecutive
+// failure (from 1; lower values are taken as 1).
 func (b Backoff) Delay(attempt int) time.Duration {
 	hi := max(b.Max, b.Min)
 	d := b.Min
@@ -39,7 +40,7 @@ func (b Backoff) Next(last time.Duration) time.Duration {
 	return min(max(last*2, b.Min), max(b.Max, b.Min))
 }
 
-// Jittered returns d spread by ± Jitter.
+// Jittered returns d shortened at random by up to Jitter of it.
 func (b Backoff) Jittered(d time.Duration) time.Duration { return b.jitter(d) }
 
 func (b Backoff) jitter(d time.Duration) time.Duration {
@@ -51,5 +52,5 @@ func (b Backoff) jitter(d time.Duration) time.Duration {
 	if spread <= 0 {
 		return d
 	}
-	return d - spread + rand.N(2*spread+1)
+	return d - rand.N(spread+1)
 }

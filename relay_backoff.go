@@ -5,8 +5,8 @@ import "time"
 // Two delays grow with failures: a failed message's retry (its own
 // attempts, scheduled in its row on the database's clock) and the relay's
 // pause in a broker outage (in Run). Both are the relay's Backoff: doubling
-// from MinBackoff up to MaxBackoff, with ±20% jitter so that relays and
-// messages do not retry in step.
+// from MinBackoff up to MaxBackoff, shortened at random by up to 20% so
+// that relays and messages do not retry in step.
 
 // relayJitter is the spread of the relay's delays.
 const relayJitter = 0.2

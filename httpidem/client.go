@@ -39,7 +39,7 @@ type TransportConfig struct {
 	MaxAttempts int
 	// InitialBackoff is the wait before the second attempt; it doubles with
 	// each further attempt up to MaxBackoff (dedupe.Backoff), and each wait
-	// is jittered by ±50%. Defaults to 100ms.
+	// is jittered to between half and all of it. Defaults to 100ms.
 	InitialBackoff time.Duration
 	// MaxBackoff caps the backoff. Defaults to 10s.
 	MaxBackoff time.Duration
