@@ -97,9 +97,10 @@ type Config struct {
 	Clock func() time.Time
 	// Logger receives the inbox's logs. Defaults to slog.Default().
 	Logger *slog.Logger
-	// Observer is told of every claim, handling, lease renewal, purge and
-	// outbox publish, for metrics and traces (see Observer and the
-	// dedupeotel module). Defaults to nil: nothing is observed, at no cost.
+	// Observer is told of every claim, handling, lease renewal and purge,
+	// for metrics and traces (see Observer and the dedupeotel module; the
+	// outbox has its own, OutboxConfig.Observer). Defaults to nil: nothing
+	// is observed, at no cost.
 	Observer Observer
 }
 
@@ -220,8 +221,10 @@ const (
 	OutcomeConflict
 	// OutcomePoisoned: the key is marked failed and is no longer retried.
 	OutcomePoisoned
-	// OutcomeRetry: Consumer.Handle only: the handler failed, everything was
-	// rolled back, and a redelivery will try again.
+	// OutcomeRetry: the handler failed, everything was rolled back, and a
+	// redelivery will try again (Consumer.Handle; reported to the Observer
+	// also for a leased or HTTP handling whose key was released or whose
+	// lease was lost).
 	OutcomeRetry
 	// OutcomeUnknown: the transaction's COMMIT was sent but its reply was
 	// lost, and the library could not learn on a fresh connection whether it
@@ -301,6 +304,22 @@ func (c *Claim) observed(o Outcome, err error) {
 	if c.obsDone != nil {
 		c.obsDone(o, c.Attempt, err)
 		c.obsDone = nil
+	}
+}
+
+// settled ends a leased claim's handling for the Observer after Complete or
+// Fail returned opErr: with o and cause when it succeeded; as a retry when
+// the lease was lost (another attempt took the key over, this one's work
+// does not count); as OutcomeUnknown when its outcome could not be learnt.
+// Other errors leave the handling open: the caller may still settle it.
+func (c *Claim) settled(o Outcome, cause, opErr error) {
+	switch {
+	case opErr == nil:
+		c.observed(o, cause)
+	case errors.Is(opErr, ErrLeaseLost):
+		c.observed(OutcomeRetry, opErr)
+	case errors.Is(opErr, ErrOutcomeUnknown):
+		c.observed(OutcomeUnknown, opErr)
 	}
 }
 

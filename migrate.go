@@ -67,7 +67,13 @@ func (c MigrateConfig) withDefaults() (MigrateConfig, error) {
 	if len(c.Lines) == 0 {
 		c.Lines = AllLines()
 	} else {
-		c.Lines = slices.Clone(c.Lines)
+		lines := make([]Line, 0, len(c.Lines))
+		for _, l := range c.Lines {
+			if !slices.Contains(lines, l) {
+				lines = append(lines, l) // a line named twice is migrated once
+			}
+		}
+		c.Lines = lines
 	}
 	switch {
 	case len(c.InboxTable) > 55:

@@ -147,3 +147,13 @@ func TestMigrateOneLineOnly(t *testing.T) {
 		t.Fatalf("unknown line: %v", err)
 	}
 }
+
+// TestMigrateRepeatedLineOnce: a line named twice in MigrateConfig.Lines is
+// migrated once, not refused half-way by the database.
+func TestMigrateRepeatedLineOnce(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	if err := dedupe.Migrate(context.Background(), db.Pool, dedupe.MigrateConfig{Lines: []dedupe.Line{dedupe.LineInbox, dedupe.LineInbox}}); err != nil {
+		t.Fatalf("Migrate with a repeated line: %v", err)
+	}
+}

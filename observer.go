@@ -97,7 +97,9 @@ type MessageInfo struct {
 	// Delivery is the broker's delivery count, from 1 (0 when unknown).
 	Delivery int
 	// Headers are the message's headers, for the trace context; nil when the
-	// transport has none.
+	// transport has none. They are the message's own (an HTTP request's
+	// include its credentials): an Observer reads the propagation keys it
+	// needs during StartHandle and neither keeps nor changes them.
 	Headers Headers
 }
 

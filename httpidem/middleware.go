@@ -152,12 +152,19 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	key := dedupe.Key{Scope: tenant, ID: id, Fingerprint: m.cfg.Fingerprint(r, body)}
-	ctx, done := m.observe(r.Context(), r, key)
+	ctx, observed := m.observe(r.Context(), r, key)
 	r = r.WithContext(ctx)
 	var (
-		claim *dedupe.Claim
-		tx    pgx.Tx
+		claim    *dedupe.Claim
+		tx       pgx.Tx
+		reported bool
 	)
+	done := func(c *dedupe.Claim, err error) { reported = true; observed(c, err) }
+	defer func() {
+		if !reported { // a panic (an ErrorHandler's, say) before the request was settled
+			observed(claim, errPanicBeforeSettled)
+		}
+	}()
 	if m.mode == Transactional {
 		tx, claim, err = m.claimTx(r.Context(), key)
 	} else {
@@ -198,6 +205,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.refuse(w, r, newError(http.StatusUnprocessableEntity, ErrKeyFailed, "", nil))
 	}
 }
+
+// errPanicBeforeSettled is what the Observer is told of a request whose
+// serving panicked before its claim was settled.
+var errPanicBeforeSettled = errors.New("httpidem: panic before the request was settled")
 
 // keyOf returns the request's key, "" when it has none on an optional route,
 // or an *Error.

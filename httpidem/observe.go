@@ -34,7 +34,9 @@ func messageInfo(r *http.Request, id string) dedupe.MessageInfo {
 // answer is a claimed handling without error, as Complete reports it.
 func (m *Middleware) observe(ctx context.Context, r *http.Request, key dedupe.Key) (context.Context, func(*dedupe.Claim, error)) {
 	obs := m.cfg.Inbox.Observer
-	if obs == nil {
+	if obs == nil || key.Validate() != nil {
+		// An invalid key (a tenant the inbox refuses) is answered before any
+		// claim, as the core's Begin refuses it before observing.
 		return ctx, func(*dedupe.Claim, error) {}
 	}
 	info := messageInfo(r, key.ID)

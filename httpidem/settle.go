@@ -183,6 +183,7 @@ func (s *settlement) ended(w http.ResponseWriter, r *http.Request) {
 	committed, err := m.inbox.Resolve(s.ctx, s.claim)
 	switch {
 	case err != nil:
+		s.err = err // matches dedupe.ErrOutcomeUnknown
 		s.log.ErrorContext(s.ctx, "httpidem: the request transaction ended and whether it committed could not be learnt", "err", err)
 		m.refuse(w, r, &Error{Status: http.StatusServiceUnavailable, Err: ErrOutcomeUnknown, Cause: err, RetryAfter: 1})
 	case committed:

@@ -42,8 +42,10 @@ type Config struct {
 }
 
 // Observer implements dedupe.Observer with OpenTelemetry spans and metrics.
-// Set it as dedupe.Config.Observer (and, if the relay uses another
-// Observer, RelayConfig.Observer). It is safe for concurrent use.
+// Set it as dedupe.Config.Observer (claims and handlings) and as
+// dedupe.OutboxConfig.Observer (enqueue spans, the trace context stored with
+// each outbox message, publishes; its relays report to it too unless
+// RelayConfig.Observer is set). It is safe for concurrent use.
 type Observer struct {
 	cfg    Config
 	tracer trace.Tracer

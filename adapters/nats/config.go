@@ -40,7 +40,7 @@ const (
 	AckSingle
 )
 
-// Config configures a Runner. The zero value (or nil) is usable.
+// Config configures a Runner. The zero value is usable.
 type Config struct {
 	// Scope is the namespace of the keys in the inbox. Defaults to the
 	// consumer's durable name (its name for an ephemeral consumer).
