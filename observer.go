@@ -223,8 +223,8 @@ const (
 	// (poisoned, or refused), or a copy dead-lettered. The NATS adapter
 	// terminates it (Term), so JetStream never delivers it again; the Kafka
 	// adapter lets the partition's offset move past it. Err is why
-	// (matching ErrPoisoned, ErrConflict, ErrNoKey ..., and the adapter's
-	// ErrDeadLettered when a copy was written).
+	// (matching ErrPoisoned, ErrConflict, ErrNoKey ...; the NATS adapter
+	// joins its ErrDeadLettered when a copy was written).
 	EventTerminated = "terminated"
 	// EventBatchHandled: the Kafka adapter handed a batch of Count messages
 	// of one partition to a BatchConsumer, whose transaction claims them
