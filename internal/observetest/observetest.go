@@ -1,7 +1,8 @@
-// Package observetest is a dedupe.Observer for tests and test programs: it
-// counts handlings by mode and outcome and transport events by name, and
-// waits for a count, paced by the progress it observes. Set it as the
-// inbox's Config.Observer (with dedupe.Observers next to another one).
+// Package observetest is a dedupe.Observer for tests and the repository's
+// programs (the soak, the benchmarks, the examples): it counts handlings by
+// mode and outcome and transport events by name, and waits for a count,
+// paced by the progress it observes. Set it as the inbox's Config.Observer
+// (with dedupe.Observers next to another one). It does not import testing.
 package observetest
 
 import (
@@ -12,7 +13,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"testing"
 	"time"
 
 	"github.com/exactlyonce/dedupe"
@@ -217,7 +217,7 @@ func (o *Observer) String() string {
 // other than the ones repeated while something keeps failing (retried,
 // dead_letter_failed, offset_commit_failed). So a slow machine gets all
 // the time it needs, and a test stuck in retries fails.
-func (o *Observer) Wait(t testing.TB, stall time.Duration, what string, cond func() bool) {
+func (o *Observer) Wait(t TB, stall time.Duration, what string, cond func() bool) {
 	t.Helper()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
@@ -234,6 +234,12 @@ func (o *Observer) Wait(t testing.TB, stall time.Duration, what string, cond fun
 		case <-tick.C:
 		}
 	}
+}
+
+// TB is the part of testing.TB that Wait uses.
+type TB interface {
+	Helper()
+	Fatalf(format string, args ...any)
 }
 
 // OnEvent returns an Observer that calls f for each transport event and

@@ -89,7 +89,7 @@ func TestWait(t *testing.T) {
 			}
 		}
 	}()
-	ft := &fatalTB{TB: t}
+	ft := &fatalTB{}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -106,10 +106,7 @@ func TestWait(t *testing.T) {
 }
 
 // fatalTB records Fatalf and ends the goroutine, as testing does.
-type fatalTB struct {
-	testing.TB
-	msg string
-}
+type fatalTB struct{ msg string }
 
 func (f *fatalTB) Helper() {}
 
