@@ -24,12 +24,12 @@ func BenchmarkHandle(b *testing.B) {
 	const workers = 8
 	db := dbtest.New(b, dbtest.Options{MaxConns: workers + 2})
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, db.Pool, dedupe.MigrateConfig{}); err != nil {
 		b.Fatal(err)
 	}
 	db.Exec(b, `CREATE TABLE effects (id bigserial PRIMARY KEY, msg_key text NOT NULL, note text)`)
 	db.Exec(b, `CREATE TABLE processed (scope text, key text, PRIMARY KEY (scope, key))`)
-	inbox, err := dedupe.New(db.Pool, nil)
+	inbox, err := dedupe.New(db.Pool, dedupe.Config{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func BenchmarkHandle(b *testing.B) {
 	}
 	// The same with an Observer (one that does nothing) and a Describe as a
 	// transport adapter sets it: the cost of the observation seam itself.
-	observed, err := dedupe.New(db.Pool, &dedupe.Config{Observer: dedupe.NopObserver{}})
+	observed, err := dedupe.New(db.Pool, dedupe.Config{Observer: dedupe.NopObserver{}})
 	if err != nil {
 		b.Fatal(err)
 	}

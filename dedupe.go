@@ -84,9 +84,6 @@ type Config struct {
 	// failed (poison) and no longer retried. Defaults to 10; a negative value
 	// means no limit.
 	MaxAttempts int
-	// OutboxTable is the transactional outbox's table (see Outbox), in
-	// Schema. Defaults to "dedupe_outbox".
-	OutboxTable string
 	// PurgeBatchSize bounds the rows deleted per statement by Purge.
 	// Defaults to 1000.
 	PurgeBatchSize int
@@ -108,16 +105,10 @@ type Config struct {
 
 // withDefaults returns a copy of c with every zero field defaulted, or a
 // *ConfigError.
-func (c *Config) withDefaults() (Config, error) {
-	var out Config
-	if c != nil {
-		out = *c
-	}
+func (c Config) withDefaults() (Config, error) {
+	out := c
 	if out.Table == "" {
 		out.Table = DefaultTable
-	}
-	if out.OutboxTable == "" {
-		out.OutboxTable = DefaultOutboxTable
 	}
 	if out.Lease == 0 {
 		out.Lease = DefaultLease
@@ -143,8 +134,6 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, &ConfigError{Field: "Retention", Reason: "must be at least Lease"}
 	case out.PurgeBatchSize < 0:
 		return out, &ConfigError{Field: "PurgeBatchSize", Reason: "must be positive"}
-	case len(out.OutboxTable) > 48:
-		return out, &ConfigError{Field: "OutboxTable", Reason: "must be at most 48 bytes (PostgreSQL truncates longer names)"}
 	case len(out.Table) > 55:
 		return out, &ConfigError{Field: "Table", Reason: "must be at most 55 bytes (PostgreSQL truncates longer names)"}
 	}
@@ -169,12 +158,19 @@ func (c *Config) now() *time.Time {
 	return &t
 }
 
-// qualifiedTable returns the quoted, optionally schema-qualified table.
-func (c *Config) qualifiedTable(name string) string {
-	if c.Schema == "" {
+// Migration returns the migration configuration of the inbox's table: its
+// schema and table, the inbox line only. Migrate(ctx, db, cfg.Migration())
+// creates what New(db, cfg) uses.
+func (c Config) Migration() MigrateConfig {
+	return MigrateConfig{Schema: c.Schema, InboxTable: c.Table, Lines: []Line{LineInbox}}
+}
+
+// qualify returns the quoted, optionally schema-qualified table.
+func qualify(schema, name string) string {
+	if schema == "" {
 		return pgx.Identifier{name}.Sanitize()
 	}
-	return pgx.Identifier{c.Schema, name}.Sanitize()
+	return pgx.Identifier{schema, name}.Sanitize()
 }
 
 // Inbox claims keys in one inbox table. It is safe for concurrent use; build
@@ -186,9 +182,9 @@ type Inbox struct {
 	table string // quoted and qualified
 }
 
-// New returns an Inbox over db. cfg may be nil for the defaults. New does not
-// touch the database; call Migrate once before use.
-func New(db DB, cfg *Config) (*Inbox, error) {
+// New returns an Inbox over db; the zero Config is the defaults. New does not
+// touch the database; call Migrate once before use (cfg.Migration()).
+func New(db DB, cfg Config) (*Inbox, error) {
 	if db == nil {
 		return nil, &ConfigError{Field: "db", Reason: "must not be nil"}
 	}
@@ -196,7 +192,7 @@ func New(db DB, cfg *Config) (*Inbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	table := c.qualifiedTable(c.Table)
+	table := qualify(c.Schema, c.Table)
 	return &Inbox{db: db, cfg: c, q: newQueries(table), table: table}, nil
 }
 

@@ -168,7 +168,7 @@ func TestObserverSeesPurgesAndEnqueues(t *testing.T) {
 	if _, err := b.inbox.Purge(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
-	ob, err := dedupe.NewOutbox(b.db.Pool, &dedupe.Config{Observer: rec})
+	ob, err := dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{Observer: rec})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -64,17 +64,17 @@ type Middleware struct {
 }
 
 // New returns a Middleware storing its keys through db (a *pgxpool.Pool).
-// cfg may be nil for the defaults. New does not touch the database; call
+// The zero Config is the defaults. New does not touch the database; call
 // Migrate once before serving.
-func New(db dedupe.DB, cfg *Config) (*Middleware, error) {
+func New(db dedupe.DB, cfg Config) (*Middleware, error) {
 	if db == nil {
-		return nil, &ConfigError{Field: "db", Reason: "must not be nil"}
+		return nil, &dedupe.ConfigError{Field: "db", Reason: "must not be nil"}
 	}
 	c, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	inbox, err := dedupe.New(db, &c.Inbox)
+	inbox, err := dedupe.New(db, c.Inbox)
 	if err != nil {
 		return nil, fmt.Errorf("httpidem: %w", err)
 	}
@@ -86,7 +86,7 @@ func New(db dedupe.DB, cfg *Config) (*Middleware, error) {
 // Migrate creates or upgrades the key table (Config.Inbox). It is
 // idempotent and safe to run from many processes at once.
 func (m *Middleware) Migrate(ctx context.Context) error {
-	return dedupe.Migrate(ctx, m.db, &m.cfg.Inbox, dedupe.LineInbox)
+	return dedupe.Migrate(ctx, m.db, m.cfg.Inbox.Migration())
 }
 
 // Inbox returns the inbox holding the keys, for operators (Lookup, Release,

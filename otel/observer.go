@@ -18,7 +18,7 @@ import (
 // ScopeName is the instrumentation scope of the spans and metrics.
 const ScopeName = "github.com/exactlyonce/dedupe/otel"
 
-// Config configures an Observer. The zero value (or nil) is usable.
+// Config configures an Observer. The zero value is usable.
 type Config struct {
 	// TracerProvider makes the spans. Defaults to the global one
 	// (otel.GetTracerProvider) as set when New is called.
@@ -65,7 +65,7 @@ type Observer struct {
 
 var _ dedupe.Observer = (*Observer)(nil)
 
-// New returns an Observer. cfg may be nil.
+// New returns an Observer; the zero Config is the defaults.
 //
 // Its metrics (every attribute set is small and bounded: scopes, states,
 // outcomes and event names, never ids):
@@ -99,11 +99,8 @@ var _ dedupe.Observer = (*Observer)(nil)
 //     offset_commit_failed, partition_paused) and messaging.system; an
 //     event's Count is added (the partitions of offsets_committed, the
 //     messages of batch_handled).
-func New(cfg *Config) (*Observer, error) {
-	var c Config
-	if cfg != nil {
-		c = *cfg
-	}
+func New(cfg Config) (*Observer, error) {
+	c := cfg
 	if c.TracerProvider == nil {
 		c.TracerProvider = otel.GetTracerProvider()
 	}

@@ -196,3 +196,9 @@ func (c Config) withDefaults(inbox *dedupe.Inbox, rc kafka.ReaderConfig) (Config
 	}
 	return c, nil
 }
+
+// retryBackoff is the backoff of a partition's retries: RetryBackoff
+// doubling up to MaxRetryBackoff.
+func (c *Config) retryBackoff() dedupe.Backoff {
+	return dedupe.Backoff{Min: c.RetryBackoff, Max: c.MaxRetryBackoff}
+}

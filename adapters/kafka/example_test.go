@@ -27,12 +27,12 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		log.Fatal(err)
 	}
 	// For metrics and traces, give the inbox an Observer (dedupeotel's):
 	// it is told of every message and of what the runner did beyond it.
-	inbox, err := dedupe.New(pool, nil)
+	inbox, err := dedupe.New(pool, dedupe.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func ExampleNewBatch() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	inbox, err := dedupe.New(pool, nil)
+	inbox, err := dedupe.New(pool, dedupe.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -41,6 +41,6 @@ func (r *Runner) handleOne(ctx context.Context, msg kafka.Message) step {
 		if !sleep(ctx, backoff) {
 			return stepStopped
 		}
-		backoff = min(2*backoff, r.cfg.MaxRetryBackoff)
+		backoff = r.cfg.retryBackoff().Next(backoff)
 	}
 }

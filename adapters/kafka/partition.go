@@ -188,7 +188,7 @@ func (r *Runner) fetchFailed(ctx context.Context, tp topicPartition, rd *kafka.R
 	if !sleep(ctx, *backoff) {
 		return rd, ctx.Err()
 	}
-	*backoff = min(2**backoff, r.cfg.MaxRetryBackoff)
+	*backoff = r.cfg.retryBackoff().Next(*backoff)
 	return rd, nil
 }
 

@@ -85,7 +85,7 @@ type Config struct {
 	// at least 1s and at most 5s.
 	PullExpiry time.Duration
 	// Backoff gives the redelivery delay after the attempt-th failed attempt.
-	// Defaults to ExponentialBackoff(100ms, 30s).
+	// Defaults to dedupe.Backoff{Min: 100ms, Max: 30s, Jitter: 0.2}.Delay.
 	Backoff func(attempt int) time.Duration
 	// InFlightDelay is the redelivery delay when a concurrent attempt holds
 	// the key. Defaults to 1s.
@@ -131,11 +131,8 @@ type Config struct {
 
 // withDefaults fills the zero fields of a copy of c for consumer info ci
 // and validates it.
-func (c *Config) withDefaults(inbox *dedupe.Inbox, ci *jetstream.ConsumerInfo) (Config, error) {
-	var out Config
-	if c != nil {
-		out = *c
-	}
+func (c Config) withDefaults(inbox *dedupe.Inbox, ci *jetstream.ConsumerInfo) (Config, error) {
+	out := c
 	ackWait := DefaultAckWait
 	maxDeliver := -1
 	var maxBatch int
@@ -180,7 +177,7 @@ func (c *Config) withDefaults(inbox *dedupe.Inbox, ci *jetstream.ConsumerInfo) (
 		out.MaxPending = max(2*out.Workers, DefaultMinPending)
 	}
 	if out.Backoff == nil {
-		out.Backoff = ExponentialBackoff(DefaultBackoffBase, DefaultBackoffMax)
+		out.Backoff = dedupe.Backoff{Min: DefaultBackoffBase, Max: DefaultBackoffMax, Jitter: 0.2}.Delay
 	}
 	if out.InFlightDelay == 0 {
 		out.InFlightDelay = DefaultInFlightDelay

@@ -27,10 +27,10 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		log.Fatal(err)
 	}
-	inbox, err := dedupe.New(pool, nil)
+	inbox, err := dedupe.New(pool, dedupe.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 
-	r, err := dedupenats.New(inbox, cons, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	r, err := dedupenats.New(inbox, cons, dedupenats.Config{Workers: 8}, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		var o struct {
 			ID    string `json:"id"`
 			Cents int64  `json:"cents"`
@@ -62,7 +62,7 @@ func ExampleNew() {
 		}
 		_, err := tx.Exec(ctx, "INSERT INTO charges (order_id, cents) VALUES ($1, $2)", o.ID, o.Cents)
 		return err // commits together with the claim; acked only after
-	}, &dedupenats.Config{Workers: 8})
+	})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -79,9 +79,9 @@ func ExampleHeaderKey() {
 		inbox *dedupe.Inbox
 		cons  jetstream.Consumer
 	)
-	r, err := dedupenats.New(inbox, cons, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	r, err := dedupenats.New(inbox, cons, dedupenats.Config{Key: dedupenats.HeaderKey("Order-Id"), Scope: "billing-v2"}, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		return nil
-	}, &dedupenats.Config{Key: dedupenats.HeaderKey("Order-Id"), Scope: "billing-v2"})
+	})
 	_, _ = r, err
 }
 
@@ -94,16 +94,16 @@ func ExampleRunner_observer() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	inbox, err := dedupe.New(pool, &dedupe.Config{Observer: givenUp{}})
+	inbox, err := dedupe.New(pool, dedupe.Config{Observer: givenUp{}})
 	if err != nil {
 		log.Fatal(err)
 	}
 	var cons jetstream.Consumer // as in ExampleNew
-	r, err := dedupenats.New(inbox, cons, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	r, err := dedupenats.New(inbox, cons, dedupenats.Config{}, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		// The handler finds what the runner told the Observer of its message.
 		log.Printf("delivery %d of %s", dedupe.MessageInfoFrom(ctx).Delivery, msg.Subject())
 		return nil
-	}, nil)
+	})
 	_, _ = r, err
 }
 
@@ -124,7 +124,7 @@ func ExampleOpen() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	inbox, err := dedupe.New(pool, nil)
+	inbox, err := dedupe.New(pool, dedupe.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -141,10 +141,10 @@ func ExampleOpen() {
 		Durable:       "invoicing",
 		FilterSubject: "orders.paid",
 		MaxDeliver:    20, // the runner terminates and records the 20th failure
-	}, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	}, dedupenats.Config{Key: dedupenats.HeaderKey("Order-Id")}, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		_, err := tx.Exec(ctx, "INSERT INTO invoices (order_id) VALUES ($1)", msg.Headers().Get("Order-Id"))
 		return err
-	}, &dedupenats.Config{Key: dedupenats.HeaderKey("Order-Id")})
+	})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -27,10 +27,10 @@ type Runner struct {
 }
 
 // New returns a Runner that handles the messages of cons with h, claiming
-// their keys in inbox. cfg may be nil for the defaults. The handler writes
+// their keys in inbox; the zero Config is the defaults. The handler writes
 // its effects through the transaction it is given; they commit together with
 // the claim, and only then is the message acknowledged.
-func New(inbox *dedupe.Inbox, cons jetstream.Consumer, h dedupe.HandlerFunc[jetstream.Msg], cfg *Config) (*Runner, error) {
+func New(inbox *dedupe.Inbox, cons jetstream.Consumer, cfg Config, h dedupe.HandlerFunc[jetstream.Msg]) (*Runner, error) {
 	switch {
 	case inbox == nil:
 		return nil, &dedupe.ConfigError{Field: "inbox", Reason: "must not be nil"}

@@ -76,11 +76,11 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	switch {
 	case c.MaxBodyBytes < 0:
-		return c, &ConfigError{Field: "MaxBodyBytes", Reason: "must be positive"}
+		return c, &dedupe.ConfigError{Field: "MaxBodyBytes", Reason: "must be positive"}
 	case c.LockTimeout < 0:
-		return c, &ConfigError{Field: "LockTimeout", Reason: "must be positive"}
+		return c, &dedupe.ConfigError{Field: "LockTimeout", Reason: "must be positive"}
 	case c.RetryAfter < 0:
-		return c, &ConfigError{Field: "RetryAfter", Reason: "must be positive"}
+		return c, &dedupe.ConfigError{Field: "RetryAfter", Reason: "must be positive"}
 	}
 	if c.OnError == nil {
 		logger := c.Logger
@@ -144,7 +144,7 @@ type validator interface{ validate() error }
 // (GitHub's key is the body's hash, so there the question does not arise.)
 func New(inbox *dedupe.Inbox, v Verifier, cfg Config, h dedupe.HandlerFunc[Event]) (*Handler, error) {
 	if v == nil {
-		return nil, &ConfigError{Field: "verifier", Reason: "must not be nil"}
+		return nil, &dedupe.ConfigError{Field: "verifier", Reason: "must not be nil"}
 	}
 	if val, ok := v.(validator); ok {
 		if err := val.validate(); err != nil {
@@ -164,7 +164,7 @@ func New(inbox *dedupe.Inbox, v Verifier, cfg Config, h dedupe.HandlerFunc[Event
 		Describe:    describe,
 	}, h)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("webhook: %w", err)
 	}
 	return &Handler{verifier: v, consumer: consumer, cfg: c, provider: provider, obs: inbox.Config().Observer}, nil
 }

@@ -337,7 +337,7 @@ func TestRefusalsDoNoDatabaseWork(t *testing.T) {
 		last    error
 		refused []dedupe.TransportEvent
 	)
-	inbox, err := dedupe.New(db, &dedupe.Config{Observer: observetest.OnEvent(func(_ context.Context, e dedupe.TransportEvent) {
+	inbox, err := dedupe.New(db, dedupe.Config{Observer: observetest.OnEvent(func(_ context.Context, e dedupe.TransportEvent) {
 		mu.Lock()
 		refused = append(refused, e)
 		mu.Unlock()
@@ -621,7 +621,7 @@ func TestConnectionKilledMidTransaction(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	app := "victim-" + b.db.Schema
-	inbox, err := dedupe.New(b.db.AppPool(t, app, 2), nil)
+	inbox, err := dedupe.New(b.db.AppPool(t, app, 2), dedupe.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -707,11 +707,11 @@ func TestConstructorsValidateConfig(t *testing.T) {
 		"nil verifier": func() error { _, err := webhook.New(b.inbox, nil, webhook.Config{}, nop); return err },
 	}
 	for name, f := range attempts {
-		if err := f(); !errors.Is(err, webhook.ErrInvalidConfig) {
+		if err := f(); !errors.Is(err, dedupe.ErrInvalidConfig) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
 		}
 	}
-	var ce *webhook.ConfigError
+	var ce *dedupe.ConfigError
 	if _, err := webhook.NewStripe(b.inbox, webhook.StripeConfig{}, nop); !errors.As(err, &ce) || ce.Field != "Secrets" {
 		t.Errorf("ConfigError = %+v", ce)
 	}
@@ -729,7 +729,7 @@ func TestCustomVerifierFaultIs500(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	db := &countingDB{Pool: b.db.Pool}
-	inbox, err := dedupe.New(db, nil)
+	inbox, err := dedupe.New(db, dedupe.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

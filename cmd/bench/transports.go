@@ -230,17 +230,17 @@ func (b *bench) natsRunner(ctx context.Context, js jetstream.JetStream, row, w i
 			lat.add(d.Duration)
 		}
 	})
-	inbox, err := dedupe.New(b.pool, &ic)
+	inbox, err := dedupe.New(b.pool, ic)
 	if err != nil {
 		return nil, err
 	}
-	r, err := dedupenats.New(inbox, cons, func(ctx context.Context, tx pgx.Tx, _ jetstream.Msg) error {
-		_, err := tx.Exec(ctx, sqlEffect, dedupe.ClaimFromContext(ctx).Key.ID, body)
-		return err
-	}, &dedupenats.Config{
+	r, err := dedupenats.New(inbox, cons, dedupenats.Config{
 		Scope:   "nats-runner",
 		Key:     dedupenats.HeaderKey(idHeader),
 		Workers: w,
+	}, func(ctx context.Context, tx pgx.Tx, _ jetstream.Msg) error {
+		_, err := tx.Exec(ctx, sqlEffect, dedupe.ClaimFromContext(ctx).Key.ID, body)
+		return err
 	})
 	if err != nil {
 		return nil, err

@@ -135,11 +135,11 @@ func runNATSRunner(ctx context.Context, e *env, inbox *dedupe.Inbox, cons jetstr
 			e.faults.add(faultRedeliver)
 		}
 	}))
-	inbox, err := dedupe.New(inbox.DB(), &ic)
+	inbox, err := dedupe.New(inbox.DB(), ic)
 	if err != nil {
 		return err
 	}
-	r, err := dedupenats.New(inbox, cons, h, cfg)
+	r, err := dedupenats.New(inbox, cons, cfg, h)
 	if err != nil {
 		return err
 	}
@@ -162,8 +162,8 @@ func connectJS(url string) (*nats.Conn, jetstream.JetStream, error) {
 
 // natsConfig is the runners' configuration: the business key from the
 // Order-Id header, short delays, and with dlq the dead-letter subject.
-func natsConfig(scope string, workers int, dlq jetstream.JetStream) *dedupenats.Config {
-	cfg := &dedupenats.Config{
+func natsConfig(scope string, workers int, dlq jetstream.JetStream) dedupenats.Config {
+	cfg := dedupenats.Config{
 		Scope:         scope,
 		Key:           dedupenats.HeaderKey(natsIDHdr),
 		Workers:       workers,
@@ -219,7 +219,7 @@ func natsChild(ctx context.Context, e *env, fl *childFlags, say func(verb, arg s
 		return err
 	}
 	defer pool.Close()
-	r, err := dedupenats.New(inbox, cons, childHandler[jetstream.Msg](e, say), natsConfig(e.scope, 2, js))
+	r, err := dedupenats.New(inbox, cons, natsConfig(e.scope, 2, js), childHandler[jetstream.Msg](e, say))
 	if err != nil {
 		return err
 	}

@@ -85,7 +85,7 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	defer pool.Close()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		return err
 	}
 	if err := migrateLedger(ctx, pool); err != nil {
@@ -97,7 +97,7 @@ func run(ctx context.Context, cfg config) error {
 	// did beyond it; this one counts, for the progress log lines
 	// (dedupeotel's makes OpenTelemetry spans and metrics of the same).
 	counts := observetest.New()
-	inbox, err := dedupe.New(pool, &dedupe.Config{Retention: 24 * time.Hour, Logger: log, Observer: counts})
+	inbox, err := dedupe.New(pool, dedupe.Config{Retention: 24 * time.Hour, Logger: log, Observer: counts})
 	if err != nil {
 		return err
 	}

@@ -72,7 +72,7 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	defer pool.Close()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		return err
 	}
 	if err := migrateShipments(ctx, pool); err != nil {
@@ -82,7 +82,7 @@ func run(ctx context.Context, cfg config) error {
 	// did with it; this one counts, for the closing log line (dedupeotel's
 	// makes OpenTelemetry spans and metrics of the same).
 	counts := observetest.New()
-	inbox, err := dedupe.New(pool, &dedupe.Config{Logger: log, Observer: counts})
+	inbox, err := dedupe.New(pool, dedupe.Config{Logger: log, Observer: counts})
 	if err != nil {
 		return err
 	}
@@ -116,7 +116,7 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("consumer %s: %w", cfg.Durable, err)
 	}
 
-	rcfg := &dedupenats.Config{
+	rcfg := dedupenats.Config{
 		Workers:           cfg.Workers,
 		Logger:            log,
 		DeadLetterSubject: cfg.DeadLetter,
@@ -125,7 +125,7 @@ func run(ctx context.Context, cfg config) error {
 	if cfg.KeyHeader != "" {
 		rcfg.Key = dedupenats.HeaderKey(cfg.KeyHeader)
 	}
-	r, err := dedupenats.New(inbox, cons, ship, rcfg)
+	r, err := dedupenats.New(inbox, cons, rcfg, ship)
 	if err != nil {
 		return err
 	}

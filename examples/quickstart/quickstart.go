@@ -109,7 +109,7 @@ func run(ctx context.Context, o options) (*report, error) {
 			fmt.Fprintf(os.Stderr, "quickstart: drop schema %s: %v\n", rep.Schema, err)
 		}
 	}()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		return nil, err
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE shipments (
@@ -119,7 +119,7 @@ func run(ctx context.Context, o options) (*report, error) {
 	// The inbox's Observer is told of every delivery handled and of what
 	// the runners did beyond it; counts keeps the report's figures.
 	counts := observetest.New()
-	inbox, err := dedupe.New(pool, &dedupe.Config{Logger: o.Logger, Observer: dedupe.Observers(o.Observer, counts)})
+	inbox, err := dedupe.New(pool, dedupe.Config{Logger: o.Logger, Observer: dedupe.Observers(o.Observer, counts)})
 	if err != nil {
 		return nil, err
 	}
@@ -200,12 +200,12 @@ func run(ctx context.Context, o options) (*report, error) {
 				return handler(ctx, tx, msg)
 			}
 		}
-		r, err := dedupenats.New(inbox, cons, h, &dedupenats.Config{
+		r, err := dedupenats.New(inbox, cons, dedupenats.Config{
 			Key:     dedupenats.HeaderKey(orderIDHdr),
 			Workers: o.Workers,
-			Backoff: dedupenats.ExponentialBackoff(20*time.Millisecond, 200*time.Millisecond),
+			Backoff: dedupe.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond}.Delay,
 			Logger:  o.Logger,
-		})
+		}, h)
 		if err != nil {
 			return nil, err
 		}

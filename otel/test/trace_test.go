@@ -53,18 +53,17 @@ type transport struct {
 func endToEnd(t *testing.T, newTransport func(t *testing.T) *transport) {
 	db := dbtest.New(t)
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, db.Pool, dedupe.MigrateConfig{}); err != nil {
 		t.Fatal(err)
 	}
 	db.Exec(t, `CREATE TABLE effects (id bigserial PRIMARY KEY, order_id text NOT NULL)`)
 	tr := newTransport(t)
 	tel := oteltest.New(t, &dedupeotel.Config{OutboxSystem: tr.system})
-	cfg := &dedupe.Config{Observer: tel.Obs, Logger: dbtest.Logger(t)}
-	inbox, err := dedupe.New(db.Pool, cfg)
+	inbox, err := dedupe.New(db.Pool, dedupe.Config{Observer: tel.Obs, Logger: dbtest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	outbox, err := dedupe.NewOutbox(db.Pool, cfg)
+	outbox, err := dedupe.NewOutbox(db.Pool, dedupe.OutboxConfig{Observer: tel.Obs, Logger: dbtest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,12 +24,12 @@ type benchEnv struct {
 func newBenchEnv(b *testing.B) *benchEnv {
 	db := dbtest.New(b, dbtest.Options{MaxConns: 4})
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, db.Pool, dedupe.MigrateConfig{}); err != nil {
 		b.Fatal(err)
 	}
 	db.Exec(b, `CREATE TABLE effects (id bigserial PRIMARY KEY, msg_id text NOT NULL, part int, off bigint, body bytea)`)
 	log := newTestLog(b)
-	inbox, err := dedupe.New(db.Pool, &dedupe.Config{Logger: log.logger})
+	inbox, err := dedupe.New(db.Pool, dedupe.Config{Logger: log.logger})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func (e *benchEnv) runner(b *testing.B, batch int, h dedupekafka.HandlerFunc, bh
 	rc := readerConfig(e.b.brokers, e.b.group, e.b.topic)
 	// The runner's own inbox counts its batches.
 	obs := observetest.New()
-	inbox, err := dedupe.New(e.b.db.Pool, &dedupe.Config{Observer: obs})
+	inbox, err := dedupe.New(e.b.db.Pool, dedupe.Config{Observer: obs})
 	if err != nil {
 		b.Fatal(err)
 	}

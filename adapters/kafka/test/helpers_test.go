@@ -152,12 +152,12 @@ type bundle struct {
 func setup(t *testing.T, partitions int32) *bundle {
 	t.Helper()
 	db := dbtest.New(t, dbtest.Options{MaxConns: 8})
-	if err := dedupe.Migrate(context.Background(), db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(context.Background(), db.Pool, dedupe.MigrateConfig{}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	db.Exec(t, `CREATE TABLE effects (id bigserial PRIMARY KEY, msg_id text NOT NULL, part int, off bigint, body bytea)`)
 	log := newTestLog(t)
-	inbox, err := dedupe.New(db.Pool, &dedupe.Config{Logger: log.logger})
+	inbox, err := dedupe.New(db.Pool, dedupe.Config{Logger: log.logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +260,7 @@ func (b *bundle) startWith(t *testing.T, icfg dedupe.Config, build func(*dedupe.
 	if icfg.Logger == nil {
 		icfg.Logger = b.log.logger
 	}
-	inbox, err := dedupe.New(b.db.Pool, &icfg)
+	inbox, err := dedupe.New(b.db.Pool, icfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,7 +55,7 @@ type pipeline struct {
 func benchPipeline(b *testing.B, workers int) {
 	db := dbtest.New(b)
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, db.Pool, dedupe.MigrateConfig{}); err != nil {
 		b.Fatal(err)
 	}
 	db.Exec(b, `CREATE TABLE effects (id bigserial PRIMARY KEY, msg_id text NOT NULL, body bytea)`)
@@ -94,7 +94,7 @@ func benchPipeline(b *testing.B, workers int) {
 		p.nc, cons = consumerOf(name)
 		// Each runner's own inbox counts its messages as their handlings
 		// commit (just before their acks).
-		counted, err := dedupe.New(db.Pool, &dedupe.Config{Observer: observetest.OnHandled(func(_ dedupe.HandleInfo, d dedupe.HandleDone) {
+		counted, err := dedupe.New(db.Pool, dedupe.Config{Observer: observetest.OnHandled(func(_ dedupe.HandleInfo, d dedupe.HandleDone) {
 			if d.Outcome == dedupe.OutcomeClaimed {
 				p.done.Add(1)
 			}
@@ -102,10 +102,10 @@ func benchPipeline(b *testing.B, workers int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		r, err := dedupenats.New(counted, cons, insertEffect, &dedupenats.Config{
+		r, err := dedupenats.New(counted, cons, dedupenats.Config{
 			Workers: workers,
 			AckMode: mode,
-		})
+		}, insertEffect)
 		if err != nil {
 			b.Fatal(err)
 		}

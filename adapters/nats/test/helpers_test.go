@@ -52,11 +52,11 @@ func setup(t *testing.T, o setupOpts) *bundle {
 		b.db = dbtest.New(t)
 	}
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, b.db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, b.db.Pool, dedupe.MigrateConfig{}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	b.db.Exec(t, `CREATE TABLE IF NOT EXISTS effects (id bigserial PRIMARY KEY, msg_id text NOT NULL, body bytea)`)
-	inbox, err := dedupe.New(b.db.Pool, nil)
+	inbox, err := dedupe.New(b.db.Pool, dedupe.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +146,7 @@ func fastConfig() *dedupenats.Config {
 // Observer is obs: a runner built on it reports to obs alone.
 func (b *bundle) observed(t *testing.T, obs dedupe.Observer) *bundle {
 	t.Helper()
-	inbox, err := dedupe.New(b.db.Pool, &dedupe.Config{Observer: obs})
+	inbox, err := dedupe.New(b.db.Pool, dedupe.Config{Observer: obs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +218,11 @@ func newRunner(t *testing.T, b *bundle, cons jetstream.Consumer, cfg *dedupenats
 	if h == nil {
 		h = insertEffect
 	}
-	r, err := dedupenats.New(b.inbox, cons, h, cfg)
+	var c dedupenats.Config
+	if cfg != nil {
+		c = *cfg
+	}
+	r, err := dedupenats.New(b.inbox, cons, c, h)
 	if err != nil {
 		t.Fatalf("new runner: %v", err)
 	}

@@ -64,7 +64,7 @@ func TestDatabaseOutageSpendsNoDeliveries(t *testing.T) {
 	cons := b.consumer(t, jetstream.ConsumerConfig{Durable: "capped", MaxDeliver: 5, AckWait: time.Second})
 	cfg := fastConfig()
 	cfg.Heartbeat = 100 * time.Millisecond // a tenth of AckWait
-	r, err := dedupenats.New(inbox, cons, insertEffect, cfg)
+	r, err := dedupenats.New(inbox, cons, *cfg, insertEffect)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +145,7 @@ func TestStopAtLastDeliveryDuringOutageDeadLetters(t *testing.T) {
 	cfg := fastConfig()
 	cfg.DrainTimeout = 100 * time.Millisecond
 	cfg.DeadLetterSubject, cfg.DeadLetterJS = "dlq.orders", b.js
-	r, err := dedupenats.New(inbox, cons, insertEffect, cfg)
+	r, err := dedupenats.New(inbox, cons, *cfg, insertEffect)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +201,7 @@ func TestStopAtLastDeliveryWithoutDeadLetterWaitsForTheDatabase(t *testing.T) {
 	cfg.DrainTimeout = 100 * time.Millisecond
 	cfg.Heartbeat = 100 * time.Millisecond
 	cfg.Logger = testLogger(t)
-	r, err := dedupenats.New(inbox, cons, insertEffect, cfg)
+	r, err := dedupenats.New(inbox, cons, *cfg, insertEffect)
 	if err != nil {
 		t.Fatal(err)
 	}

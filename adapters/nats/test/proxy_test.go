@@ -139,7 +139,7 @@ func (b *bundle) inboxBehind(t *testing.T, obs dedupe.Observer) (*dedupe.Inbox, 
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	inbox, err := dedupe.New(pool, &dedupe.Config{Observer: obs})
+	inbox, err := dedupe.New(pool, dedupe.Config{Observer: obs})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -92,7 +92,7 @@ func TestFailTwiceThenSucceedOneEffect(t *testing.T) {
 		delays []time.Duration
 	)
 	cfg := fastConfig()
-	cfg.Backoff = dedupenats.ExponentialBackoff(10*time.Millisecond, time.Second)
+	cfg.Backoff = dedupe.Backoff{Min: 10 * time.Millisecond, Max: time.Second}.Delay
 	obs := dedupe.Observers(c, observetest.OnEvent(func(_ context.Context, e dedupe.TransportEvent) {
 		if e.Name == dedupe.EventRetried {
 			mu.Lock()
@@ -461,14 +461,14 @@ func TestNewValidatesConfig(t *testing.T) {
 		"negative pull expiry":        {PullExpiry: -time.Second},
 	}
 	for name, cfg := range cases {
-		if _, err := dedupenats.New(b.inbox, b.cons, insertEffect, cfg); !errors.Is(err, dedupe.ErrInvalidConfig) {
+		if _, err := dedupenats.New(b.inbox, b.cons, *cfg, insertEffect); !errors.Is(err, dedupe.ErrInvalidConfig) {
 			t.Errorf("%s: err = %v, want ErrInvalidConfig", name, err)
 		}
 	}
-	if _, err := dedupenats.New(nil, b.cons, insertEffect, nil); !errors.Is(err, dedupe.ErrInvalidConfig) {
+	if _, err := dedupenats.New(nil, b.cons, dedupenats.Config{}, insertEffect); !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Errorf("nil inbox: err = %v", err)
 	}
-	r, err := dedupenats.New(b.inbox, b.cons, insertEffect, nil)
+	r, err := dedupenats.New(b.inbox, b.cons, dedupenats.Config{}, insertEffect)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -528,7 +528,7 @@ func TestConsumerSettingsThatBreakTheGuarantee(t *testing.T) {
 	ctx := context.Background()
 	// AckAll would acknowledge messages other workers have not committed.
 	_, err := dedupenats.Open(ctx, b.inbox, b.js, streamName,
-		jetstream.ConsumerConfig{Durable: "ackall", AckPolicy: jetstream.AckAllPolicy}, insertEffect, nil)
+		jetstream.ConsumerConfig{Durable: "ackall", AckPolicy: jetstream.AckAllPolicy}, dedupenats.Config{}, insertEffect)
 	if !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Fatalf("Open with AckAll: err = %v, want ErrInvalidConfig", err)
 	}
@@ -536,17 +536,17 @@ func TestConsumerSettingsThatBreakTheGuarantee(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dedupenats.New(b.inbox, cons, insertEffect, nil); !errors.Is(err, dedupe.ErrInvalidConfig) {
+	if _, err := dedupenats.New(b.inbox, cons, dedupenats.Config{}, insertEffect); !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Fatalf("New with an AckAll consumer: err = %v, want ErrInvalidConfig", err)
 	}
-	if _, err := dedupenats.Open(ctx, b.inbox, b.js, streamName, jetstream.ConsumerConfig{}, insertEffect, nil); !errors.Is(err, dedupe.ErrInvalidConfig) {
+	if _, err := dedupenats.Open(ctx, b.inbox, b.js, streamName, jetstream.ConsumerConfig{}, dedupenats.Config{}, insertEffect); !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Fatalf("Open without a durable: err = %v, want ErrInvalidConfig", err)
 	}
 
 	// MaxDeliver below the inbox's attempts: the runner terminates on the
 	// last delivery JetStream makes, so the failure is recorded.
 	r, err := dedupenats.Open(ctx, b.inbox, b.js, streamName,
-		jetstream.ConsumerConfig{Durable: "capped", MaxDeliver: 2}, insertEffect, nil)
+		jetstream.ConsumerConfig{Durable: "capped", MaxDeliver: 2}, dedupenats.Config{}, insertEffect)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -554,7 +554,7 @@ func TestConsumerSettingsThatBreakTheGuarantee(t *testing.T) {
 		t.Fatalf("MaxAttempts = %d, want MaxDeliver 2", got)
 	}
 	if _, err := dedupenats.Open(ctx, b.inbox, b.js, streamName, jetstream.ConsumerConfig{Durable: "capped", MaxDeliver: 2},
-		insertEffect, &dedupenats.Config{MaxAttempts: 5}); !errors.Is(err, dedupe.ErrInvalidConfig) {
+		dedupenats.Config{MaxAttempts: 5}, insertEffect); !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Fatalf("MaxAttempts above MaxDeliver: err = %v, want ErrInvalidConfig", err)
 	}
 }
@@ -566,7 +566,7 @@ func TestMaxDeliverPoisonRecordedOnLastDelivery(t *testing.T) {
 	cfg := fastConfig()
 	r, err := dedupenats.Open(context.Background(), b.observed(t, c).inbox, b.js, streamName,
 		jetstream.ConsumerConfig{Durable: "capped", FilterSubject: "orders.created", MaxDeliver: 3, AckWait: 2 * time.Second},
-		func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error { return errors.New("always fails") }, cfg)
+		*cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error { return errors.New("always fails") })
 	if err != nil {
 		t.Fatal(err)
 	}

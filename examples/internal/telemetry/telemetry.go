@@ -47,7 +47,7 @@ func Start(ctx context.Context, o Options) (*Telemetry, error) {
 	if err != nil {
 		return nil, err
 	}
-	obs, err := dedupeotel.New(&dedupeotel.Config{TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider,
+	obs, err := dedupeotel.New(dedupeotel.Config{TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider,
 		Propagator: tel.Propagator, OutboxSystem: o.OutboxSystem})
 	if err != nil {
 		return nil, errors.Join(err, tel.Shutdown(ctx))
