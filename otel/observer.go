@@ -95,7 +95,12 @@ var _ dedupe.Observer = (*Observer)(nil)
 //     OutboxQueued reports, or from Outbox.Stats when ObserveStats was given
 //     the outbox (then with dedupe.outbox.table).
 //   - dedupe.transport.events (counter): the adapters' transport events by
-//     dedupe.event and messaging.system.
+//     dedupe.event (the names of the dedupe.Event constants: ack_failed,
+//     retried, released, refused, dead_lettered, dead_letter_failed,
+//     terminated, batch_handled, batch_fallback, offsets_committed,
+//     offset_commit_failed, partition_paused) and messaging.system; an
+//     event's Count is added (the partitions of offsets_committed, the
+//     messages of batch_handled).
 func New(cfg Config) (*Observer, error) {
 	c := cfg
 	if c.TracerProvider == nil {

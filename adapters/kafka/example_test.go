@@ -30,6 +30,8 @@ func ExampleNew() {
 	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		log.Fatal(err)
 	}
+	// For metrics and traces, give the inbox an Observer (dedupeotel's):
+	// it is told of every message and of what the runner did beyond it.
 	inbox, err := dedupe.New(pool, dedupe.Config{})
 	if err != nil {
 		log.Fatal(err)
@@ -52,7 +54,6 @@ func ExampleNew() {
 	if err := runner.Run(ctx); err != nil {
 		log.Fatal(err)
 	}
-	fmt.Printf("%+v\n", runner.Stats())
 }
 
 // A batch consumer: up to 200 events of a partition are claimed with one

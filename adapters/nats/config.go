@@ -31,7 +31,7 @@ type AckMode int
 const (
 	// AckDouble sends DoubleAck and waits up to Config.AckTimeout for the
 	// server to confirm it, so that an ack that did not arrive is reported
-	// (KindAckFailed). The worker waits one round trip per message.
+	// (dedupe.EventAckFailed). The worker waits one round trip per message.
 	AckDouble AckMode = iota
 	// AckSingle sends Ack and does not wait. An ack lost on the way is not
 	// reported: JetStream redelivers the message after AckWait and the inbox
@@ -118,10 +118,11 @@ type Config struct {
 	// context is cancelled before their transactions are cancelled and
 	// rolled back. Defaults to 10s.
 	DrainTimeout time.Duration
-	// Metrics receives an Event per message. Defaults to LogMetrics with
-	// Logger.
-	Metrics Metrics
-	// Logger receives the runner's logs. Defaults to the inbox's logger.
+	// Logger receives the runner's logs: messages terminated (at error
+	// level), retried, not acknowledged (warn), released (debug). Defaults
+	// to the inbox's logger. For metrics and traces, set the inbox's
+	// Observer: it is told of every handling and of what the runner did
+	// beyond it (dedupe.TransportEvent).
 	Logger *slog.Logger
 
 	maxDeliver int // the consumer's MaxDeliver, -1 for no limit
@@ -198,9 +199,6 @@ func (c Config) withDefaults(inbox *dedupe.Inbox, ci *jetstream.ConsumerInfo) (C
 	}
 	if out.Logger == nil {
 		out.Logger = inbox.Config().Logger
-	}
-	if out.Metrics == nil {
-		out.Metrics = LogMetrics{Logger: out.Logger}
 	}
 	bad := func(field, reason string) (Config, error) {
 		return out, &dedupe.ConfigError{Field: field, Reason: reason}

@@ -85,14 +85,35 @@ func ExampleHeaderKey() {
 	_, _ = r, err
 }
 
-// Counting what a runner did, while still logging through slog.
-func ExampleCounters() {
-	var counts dedupenats.Counters
-	cfg := &dedupenats.Config{Metrics: dedupenats.Tee(&counts, dedupenats.LogMetrics{})}
-	_ = cfg
-	// ... after Run:
-	log.Printf("processed %d, duplicates absorbed %d, terminated %d",
-		counts.Processed.Load(), counts.Duplicates.Load(), counts.Terminated.Load())
+// Metrics and traces: the inbox's Observer is told of every message the
+// runner handles, and of what it did beyond the handling (a failed ack, a
+// retry, a termination: dedupe.TransportEvent). The dedupeotel module has
+// an OpenTelemetry Observer; this one logs the messages given up on.
+func ExampleRunner_observer() {
+	pool, err := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	inbox, err := dedupe.New(pool, dedupe.Config{Observer: givenUp{}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	var cons jetstream.Consumer // as in ExampleNew
+	r, err := dedupenats.New(inbox, cons, dedupenats.Config{}, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+		// The handler finds what the runner told the Observer of its message.
+		log.Printf("delivery %d of %s", dedupe.MessageInfoFrom(ctx).Delivery, msg.Subject())
+		return nil
+	})
+	_, _ = r, err
+}
+
+// givenUp is an Observer that logs the messages a runner gave up on.
+type givenUp struct{ dedupe.NopObserver }
+
+func (givenUp) TransportEvent(_ context.Context, e dedupe.TransportEvent) {
+	if e.Name == dedupe.EventTerminated {
+		log.Printf("gave up on %s (%s): %v", e.Key, e.Message.Destination, e.Err)
+	}
 }
 
 // Describing the durable instead of holding one: Open creates or updates it.

@@ -103,6 +103,7 @@ type Handler struct {
 	consumer *dedupe.Consumer[Event]
 	cfg      Config
 	provider string
+	obs      dedupe.Observer // the inbox's, told of refused deliveries
 }
 
 // validator is implemented by the built-in verifiers.
@@ -133,6 +134,10 @@ type validator interface{ validate() error }
 //     stale timestamp, no event id. No database work is done.
 //   - 413: the body exceeds MaxBodyBytes. 405: not a POST.
 //
+// The inbox's Observer is told of every handled event (with the provider,
+// endpoint, event id and headers) and of every refusal before a claim
+// (400, 405, 413) as a dedupe.EventRefused with the typed error.
+//
 // No payload fingerprint is stored with the key: providers may rebuild the
 // payload of a re-send (Stripe's pending_webhooks counter, for one), so the
 // same event id with another body is the same event, not a client bug.
@@ -161,7 +166,7 @@ func New(inbox *dedupe.Inbox, v Verifier, cfg Config, h dedupe.HandlerFunc[Event
 	if err != nil {
 		return nil, fmt.Errorf("webhook: %w", err)
 	}
-	return &Handler{verifier: v, consumer: consumer, cfg: c, provider: provider}, nil
+	return &Handler{verifier: v, consumer: consumer, cfg: c, provider: provider, obs: inbox.Config().Observer}, nil
 }
 
 // Scope returns the dedup scope of the handler's keys.
@@ -240,8 +245,14 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, erro
 	return buf.Bytes(), nil
 }
 
+// refuse answers a delivery refused before any claim, and tells the
+// inbox's Observer (dedupe.EventRefused).
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, err error) {
 	status, reason := refusal(err)
+	if h.obs != nil {
+		h.obs.TransportEvent(r.Context(), dedupe.TransportEvent{Name: dedupe.EventRefused, Err: err, Count: 1,
+			Message: describe(Event{Provider: h.provider, Endpoint: h.cfg.Endpoint, Header: r.Header})})
+	}
 	h.fail(w, r, status, reason, err)
 }
 

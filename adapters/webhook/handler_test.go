@@ -20,6 +20,7 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/adapters/webhook"
+	"github.com/exactlyonce/dedupe/internal/observetest"
 )
 
 const (
@@ -325,18 +326,25 @@ func (c *countingDB) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResul
 	return c.Pool.SendBatch(ctx, b)
 }
 
+// TestRefusalsDoNoDatabaseWork: every refusal gets its status and typed
+// error, touches no key, and is reported to the inbox's Observer.
 func TestRefusalsDoNoDatabaseWork(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	db := &countingDB{Pool: b.db.Pool}
-	inbox, err := dedupe.New(db, dedupe.Config{})
+	var (
+		mu      sync.Mutex
+		last    error
+		refused []dedupe.TransportEvent
+	)
+	inbox, err := dedupe.New(db, dedupe.Config{Observer: observetest.OnEvent(func(_ context.Context, e dedupe.TransportEvent) {
+		mu.Lock()
+		refused = append(refused, e)
+		mu.Unlock()
+	})})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var (
-		mu   sync.Mutex
-		last error
-	)
 	var calls atomic.Int64
 	h, err := webhook.NewStripe(inbox, webhook.StripeConfig{Secrets: []string{stripeSecret}, Config: webhook.Config{
 		Clock: clock, MaxBodyBytes: 1 << 10,
@@ -394,6 +402,11 @@ func TestRefusalsDoNoDatabaseWork(t *testing.T) {
 			t.Errorf("%s: OnError got %v, want %v", c.name, last, c.want)
 		}
 		last = nil
+		if len(refused) != 1 || refused[0].Name != dedupe.EventRefused || !errors.Is(refused[0].Err, c.want) ||
+			refused[0].Message.System != "webhook" || refused[0].Message.Destination != "stripe:default" || refused[0].Key.ID != "" {
+			t.Errorf("%s: observed %+v, want one refused event with %v", c.name, refused, c.want)
+		}
+		refused = nil
 		mu.Unlock()
 	}
 	if n := db.n.Load(); n != 0 {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
+	"github.com/exactlyonce/dedupe/internal/observetest"
 )
 
 // payment is the event body.
@@ -92,7 +93,11 @@ func run(ctx context.Context, cfg config) error {
 	}
 	// Keys must outlive the longest redelivery: a day of retention is plenty
 	// for a consumer group that is never more than hours behind.
-	inbox, err := dedupe.New(pool, dedupe.Config{Retention: 24 * time.Hour, Logger: log})
+	// The inbox's Observer is told of every message and of what the runner
+	// did beyond it; this one counts, for the progress log lines
+	// (dedupeotel's makes OpenTelemetry spans and metrics of the same).
+	counts := observetest.New()
+	inbox, err := dedupe.New(pool, dedupe.Config{Retention: 24 * time.Hour, Logger: log, Observer: counts})
 	if err != nil {
 		return err
 	}
@@ -141,7 +146,7 @@ func run(ctx context.Context, cfg config) error {
 			case <-ctx.Done():
 				return
 			case <-report.C:
-				log.Info("progress", "stats", runner.Stats())
+				log.Info("progress", "counts", counts.String())
 			}
 		}
 	})
@@ -150,9 +155,9 @@ func run(ctx context.Context, cfg config) error {
 	err = runner.Run(ctx)
 	cancel()
 	background.Wait()
-	s := runner.Stats()
-	log.Info("kafka-consumer stopped", "booked", s.Handled, "duplicates", s.Duplicates,
-		"dead_lettered", s.DeadLettered, "given_up", s.GivenUp, "paused_partitions", s.Paused,
-		"batches", s.Batches, "fallbacks", s.Fallbacks, "offset_commits", s.Commits)
+	log.Info("kafka-consumer stopped", "booked", counts.Handled(dedupe.OutcomeClaimed), "duplicates", counts.Handled(dedupe.OutcomeDuplicate),
+		"dead_lettered", counts.Events(dedupe.EventDeadLettered), "given_up", counts.Events(dedupe.EventTerminated),
+		"paused_partitions", counts.Events(dedupe.EventPartitionPaused), "batches", counts.Events(dedupe.EventBatchHandled),
+		"fallbacks", counts.Events(dedupe.EventBatchFallback), "offset_commits", counts.Events(dedupe.EventOffsetsCommitted))
 	return err
 }

@@ -203,6 +203,19 @@ func endToEnd(t *testing.T, newTransport func(t *testing.T) *transport) {
 	if n, _ := tel.Histogram(t, "dedupe.outbox.publish.lag"); n != orders {
 		t.Errorf("publish lag points = %d", n)
 	}
+	// The adapter's transport events: nothing refused, given up on or left
+	// unacknowledged; a Kafka runner committed the offsets when it stopped.
+	for _, name := range []string{dedupe.EventRefused, dedupe.EventTerminated, dedupe.EventAckFailed} {
+		if n := tel.Sum(t, "dedupe.transport.events", dedupeotel.EventKey.String(name)); n != 0 {
+			t.Errorf("transport events %s = %d, want none", name, n)
+		}
+	}
+	if tr.system == "kafka" {
+		if n := tel.Sum(t, "dedupe.transport.events", dedupeotel.EventKey.String(dedupe.EventOffsetsCommitted),
+			semconv.MessagingSystemKey.String("kafka")); n < 1 {
+			t.Errorf("offsets committed = %d partitions, want at least 1", n)
+		}
+	}
 }
 
 func names(spans []sdktrace.ReadOnlySpan) string {
