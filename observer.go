@@ -161,7 +161,8 @@ type TransportEvent struct {
 	// (EventRetried); 0 otherwise.
 	Delay time.Duration
 	// Count is how many messages or partitions the event covers: 1 unless
-	// the name says otherwise (EventBatchHandled, EventOffsetsCommitted).
+	// the name says otherwise (EventBatchHandled, EventBatchFallback,
+	// EventOffsetsCommitted).
 	Count int
 }
 
@@ -176,7 +177,8 @@ type TransportEvent struct {
 const (
 	// EventAckFailed: the message's effects committed (or it was a
 	// duplicate), but its acknowledgement failed (NATS: a DoubleAck that the
-	// server did not confirm within Config.AckTimeout). The broker delivers
+	// server did not confirm within Config.AckTimeout, or an AckSingle that
+	// could not be sent). The broker delivers
 	// it again and the inbox absorbs the copy as a duplicate, so the effect
 	// still happens once. Err is the acknowledgement's error.
 	EventAckFailed = "ack_failed"
@@ -195,15 +197,19 @@ const (
 	// the broker for immediate redelivery (NATS: Nak without delay), either
 	// unhandled (it was buffered; Err nil) or after its transaction was
 	// rolled back (Err: the handling's error, such as the cancelled
-	// context). Nothing of it committed and no attempt was counted.
+	// context). No attempt was counted; whatever it wrote was rolled back,
+	// unless its COMMIT raced the cancellation, in which case the
+	// redelivery is absorbed as a duplicate.
 	EventReleased = "released"
 	// EventRefused: the message can never be processed as it is, so its
 	// handler does not run: it has no usable key (Err matches ErrNoKey or
 	// ErrInvalidKey, or the adapter's own no-key error), or its key was used
 	// before with another payload (Err matches ErrConflict). The adapter
-	// keeps it visible (the Kafka adapter records it failed under its
-	// RefusedKey; with a dead-letter destination a copy is written there)
-	// and gives up on it (EventTerminated). The webhook adapter reports a
+	// gives up on it (EventTerminated), keeping it visible where it can: the
+	// Kafka adapter records it failed under its RefusedKey, and with a
+	// dead-letter destination a copy is written there; the NATS adapter
+	// without DeadLetterSubject only logs it (at error level) as it
+	// terminates it. The webhook adapter reports a
 	// delivery it refuses before any claim (not a POST, a body too large or
 	// unreadable, a missing or wrong signature, a stale timestamp, no event
 	// id) with the typed error: no key is touched, nothing is recorded, and
@@ -220,9 +226,10 @@ const (
 	// naks the message (EventRetried), or at its last delivery holds it and
 	// keeps trying.
 	EventDeadLetterFailed = "dead_letter_failed"
-	// EventTerminated: the adapter gave up on the message for good, once
-	// it is visible elsewhere: its key recorded failed in the inbox
-	// (poisoned, or refused), or a copy dead-lettered. The NATS adapter
+	// EventTerminated: the adapter gave up on the message for good: its key
+	// recorded failed in the inbox (poisoned), a copy dead-lettered, or (a
+	// refused message without a dead-letter destination) only this event
+	// and the adapter's error log. The NATS adapter
 	// terminates it (Term), so JetStream never delivers it again; the Kafka
 	// adapter lets the partition's offset move past it. Err is why
 	// (matching ErrPoisoned, ErrConflict, ErrNoKey ...; the NATS adapter
@@ -235,7 +242,8 @@ const (
 	// EventBatchFallback: a batch did not settle every message (a handler
 	// failed, a key was in flight, the database failed), so the Kafka
 	// adapter handles its unsettled messages, from Message on, one
-	// transaction each, in order. Once per batch.
+	// transaction each, in order. Once per batch; Count is how many
+	// messages it handles one by one.
 	EventBatchFallback = "batch_fallback"
 	// EventOffsetsCommitted: the Kafka adapter committed the consumer
 	// group's offsets of Count partitions, in one request, each past

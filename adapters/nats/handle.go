@@ -80,14 +80,14 @@ func (r *Runner) handle(ctx context.Context, p phase, msg jetstream.Msg) (dedupe
 			// (or, if the commit raced the cancel, will be absorbed as a
 			// duplicate). Never ack.
 			if last {
-				return outcome, r.settle(ctx, d, fmt.Errorf("%w: the runner stopped: %w", ErrLastDelivery, err), true)
+				return settled(outcome)(r.settle(ctx, d, fmt.Errorf("%w: the runner stopped: %w", ErrLastDelivery, err), true))
 			}
 			r.release(ctx, p, d, err)
 			return outcome, err
 		case handlerFailed && last:
 			// At the last delivery the failure is permanent; that it is not
 			// poisoned means the database could not record it.
-			return outcome, r.settle(ctx, d, err, true)
+			return settled(outcome)(r.settle(ctx, d, err, true))
 		case handlerFailed:
 			r.nak(ctx, p, d, err, r.cfg.Backoff(max(he.Attempt, 1)))
 			return outcome, err
@@ -197,5 +197,16 @@ func isClosed(ch <-chan struct{}) bool {
 		return true
 	default:
 		return false
+	}
+}
+
+// settled returns what Handle reports for a message settled at its last
+// delivery: the outcome settling found, else the last handling's.
+func settled(last dedupe.Outcome) func(dedupe.Outcome, error) (dedupe.Outcome, error) {
+	return func(o dedupe.Outcome, err error) (dedupe.Outcome, error) {
+		if o == 0 {
+			o = last
+		}
+		return o, err
 	}
 }

@@ -48,23 +48,28 @@ func lastDeliveryHandler(h dedupe.HandlerFunc[jetstream.Msg], maxDeliver int) de
 // acknowledged instead), else publishes a copy to Config.DeadLetterSubject,
 // and only then terminates the message. When neither works it keeps the
 // message alive (the heartbeat still holds it) and tries again with
-// Config.Backoff, for as long as it takes. It returns what Handle does: nil
+// Config.Backoff, for as long as it takes. It returns what Handle does: the
+// message's outcome when settling it found one (OutcomeDuplicate: the key
+// was complete, the message acknowledged as a duplicate; else 0), and nil
 // for a message acknowledged, else why it was given up on.
-func (r *Runner) settle(ctx context.Context, d *delivery, cause error, recordable bool) error {
+func (r *Runner) settle(ctx context.Context, d *delivery, cause error, recordable bool) (dedupe.Outcome, error) {
 	ctx = context.WithoutCancel(ctx)
 	for try := 1; ; try++ {
 		var err error
 		if recordable {
-			var done bool
-			var res error
-			if done, res, err = r.recordFailed(ctx, d, cause); done {
-				return res
+			var (
+				done bool
+				o    dedupe.Outcome
+				res  error
+			)
+			if done, o, res, err = r.recordFailed(ctx, d, cause); done {
+				return o, res
 			}
 		}
 		if r.cfg.DeadLetterSubject != "" {
 			res, derr := r.deadLetterTerm(ctx, d, cause)
 			if derr == nil {
-				return res
+				return 0, res
 			}
 			err = errors.Join(err, derr)
 		}
@@ -95,13 +100,13 @@ func (r *Runner) deadLetterTerm(ctx context.Context, d *delivery, cause error) (
 // recordFailed records the message's key as failed with cause. It reports
 // done when the message reached a visible end, with what Handle returns:
 // recorded as failed (terminated; the cause), or found complete
-// (acknowledged as a duplicate; the ack's error).
-func (r *Runner) recordFailed(ctx context.Context, d *delivery, cause error) (done bool, res, err error) {
+// (acknowledged as a duplicate, OutcomeDuplicate; the ack's error).
+func (r *Runner) recordFailed(ctx context.Context, d *delivery, cause error) (done bool, o dedupe.Outcome, res, err error) {
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.AckTimeout)
 	defer cancel()
 	_, poisoned, err := r.inbox.RecordFailure(rctx, d.key, dedupe.Permanent(cause))
 	if err != nil {
-		return false, nil, fmt.Errorf("record as failed: %w", err)
+		return false, 0, nil, fmt.Errorf("record as failed: %w", err)
 	}
 	if !poisoned {
 		// The key was left alone: it is complete, already failed, or held by
@@ -109,15 +114,22 @@ func (r *Runner) recordFailed(ctx context.Context, d *delivery, cause error) (do
 		rec, err := r.inbox.Lookup(rctx, d.key)
 		switch {
 		case err != nil:
-			return false, nil, fmt.Errorf("look up: %w", err)
+			return false, 0, nil, fmt.Errorf("look up: %w", err)
 		case rec.State == dedupe.StateComplete:
-			return true, r.ack(ctx, d), nil
+			// A copy committed meanwhile: this one is its duplicate. Handling
+			// it again finds the key complete without running the handler,
+			// and reports it to the Observer as the duplicate it is.
+			if o, herr := r.consumer.HandleKey(rctx, d.key, d.msg); herr == nil && o != dedupe.OutcomeDuplicate {
+				r.cfg.Logger.WarnContext(ctx, "dedupenats: a key found complete was handled again (purged meanwhile?)",
+					"scope", r.cfg.Scope, "key", d.key.ID, "outcome", o)
+			}
+			return true, dedupe.OutcomeDuplicate, r.ack(ctx, d), nil
 		case rec.State != dedupe.StateFailed:
-			return false, nil, fmt.Errorf("key %s is held by a live lease", d.key)
+			return false, 0, nil, fmt.Errorf("key %s is held by a live lease", d.key)
 		}
 	}
 	r.term(ctx, d, cause)
-	return true, cause, nil
+	return true, 0, cause, nil
 }
 
 // reject ends a message that can never be processed (dedupe.EventRefused):
@@ -133,7 +145,8 @@ func (r *Runner) reject(ctx context.Context, p phase, d *delivery, cause error, 
 		return cause
 	}
 	if last {
-		return r.settle(ctx, d, cause, false)
+		_, err := r.settle(ctx, d, cause, false)
+		return err
 	}
 	res, derr := r.deadLetterTerm(context.WithoutCancel(ctx), d, cause)
 	if derr != nil {

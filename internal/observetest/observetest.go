@@ -94,8 +94,10 @@ func (o *Observer) TransportEvent(_ context.Context, e dedupe.TransportEvent) {
 	ec.n.Add(1)
 	ec.covered.Add(int64(max(e.Count, 1)))
 	switch e.Name {
-	case dedupe.EventRetried, dedupe.EventDeadLetterFailed, dedupe.EventOffsetCommitFailed:
-		// Repeated while something fails: not progress.
+	case dedupe.EventRetried, dedupe.EventDeadLetterFailed, dedupe.EventOffsetCommitFailed,
+		dedupe.EventRefused, dedupe.EventAckFailed, dedupe.EventReleased:
+		// Repeated while something fails, or on every redelivery of a
+		// message that never settles: not progress.
 	default:
 		o.progressed()
 	}
