@@ -149,13 +149,16 @@ func (c *Config) maxAttemptsParam() int {
 	return c.MaxAttempts
 }
 
-// now is the $1 of every statement that decides by time: nil (the
-// database's own clock) unless a test set Clock.
-func (c *Config) now() *time.Time {
-	if c.Clock == nil {
+// now is the $1 of every statement that decides by time (see clockParam).
+func (c *Config) now() *time.Time { return clockParam(c.Clock) }
+
+// clockParam is the "now" parameter of a statement that decides by time:
+// nil, so that the database uses its own clock, unless a test set clock.
+func clockParam(clock func() time.Time) *time.Time {
+	if clock == nil {
 		return nil
 	}
-	t := c.Clock()
+	t := clock()
 	return &t
 }
 

@@ -69,15 +69,8 @@ func (c OutboxConfig) Migration() MigrateConfig {
 	return MigrateConfig{Schema: c.Schema, OutboxTable: c.Table, Lines: []Line{LineOutbox}}
 }
 
-// now is the $1 of every statement that decides by time: nil (the
-// database's own clock) unless a test set Clock.
-func (c *OutboxConfig) now() *time.Time {
-	if c.Clock == nil {
-		return nil
-	}
-	t := c.Clock()
-	return &t
-}
+// now is the $1 of every statement that decides by time (see clockParam).
+func (c *OutboxConfig) now() *time.Time { return clockParam(c.Clock) }
 
 // Message is one message to publish through the transactional outbox.
 type Message struct {
