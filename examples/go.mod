@@ -6,6 +6,8 @@ replace github.com/exactlyonce/dedupe => ..
 
 replace github.com/exactlyonce/dedupe/adapters/nats => ../adapters/nats
 
+replace github.com/exactlyonce/dedupe/dedupetest => ../dedupetest
+
 replace github.com/exactlyonce/dedupe/adapters/kafka => ../adapters/kafka
 
 replace github.com/exactlyonce/dedupe/internal/natstest => ../internal/natstest
@@ -16,6 +18,7 @@ require (
 	github.com/exactlyonce/dedupe v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/adapters/kafka v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/adapters/nats v0.0.0-00010101000000-000000000000
+	github.com/exactlyonce/dedupe/dedupetest v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/internal/kafkatest v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/internal/natstest v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/otel v0.0.0-00010101000000-000000000000

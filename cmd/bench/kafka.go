@@ -274,7 +274,7 @@ func (b *bench) kafkaRunner(ctx context.Context, partitions int) (*result, error
 	defer stopCluster()
 	var lat latencies
 	ic := b.inbox.Config()
-	inbox, err := dedupe.New(timedDB{DB: b.pool, lat: &lat}, &ic)
+	inbox, err := dedupe.New(timedDB{DB: b.pool, lat: &lat}, ic)
 	if err != nil {
 		return nil, err
 	}

@@ -80,7 +80,7 @@ func (b *bench) relayHand(ctx context.Context, js jetstream.JetStream, row, w in
 // Latency: one cycle that published something.
 func (b *bench) drainOutbox(ctx context.Context, js jetstream.JetStream, row, w int,
 	newCycle func(ob *dedupe.Outbox) (func(context.Context) (int, error), error)) (*result, error) {
-	ob, err := dedupe.NewOutbox(b.pool, nil)
+	ob, err := dedupe.NewOutbox(b.pool, dedupe.OutboxConfig{})
 	if err != nil {
 		return nil, err
 	}
@@ -197,7 +197,7 @@ func handRelayCycle(ctx context.Context, b *bench, js jetstream.JetStream) (int,
 
 // relayLib drains the same outbox with w dedupe.Relays driven by Cycle.
 func (b *bench) relayLib(ctx context.Context, js jetstream.JetStream, row, w int) (*result, error) {
-	pub, err := dedupenats.NewOutboxPublisher(js, nil)
+	pub, err := dedupenats.NewOutboxPublisher(js, dedupenats.OutboxPublisherConfig{})
 	if err != nil {
 		return nil, err
 	}

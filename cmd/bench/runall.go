@@ -64,7 +64,7 @@ func runAll(ctx context.Context, o *options, log io.Writer) (*report, error) {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
 	if _, err := pool.Exec(ctx, sqlCreateEffects); err != nil {

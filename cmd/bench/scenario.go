@@ -52,7 +52,7 @@ type bench struct {
 }
 
 func newBench(o *options, pool *pgxpool.Pool) (*bench, error) {
-	inbox, err := dedupe.New(pool, nil)
+	inbox, err := dedupe.New(pool, dedupe.Config{})
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/exactlyonce/dedupe"
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
 	"github.com/exactlyonce/dedupe/internal/natstest"
+	"github.com/exactlyonce/dedupe/internal/observetest"
 )
 
 // idHeader carries the business key of the transports' messages.
@@ -212,8 +213,9 @@ func (b *bench) natsHand(ctx context.Context, js jetstream.JetStream, row, w int
 	return drained("", "", "tx", w, n, elapsed, &lat), nil
 }
 
-// natsRunner drains the same messages with dedupenats.Runner; latency: the
-// runner's Event.Latency (claim, handler, commit).
+// natsRunner drains the same messages with dedupenats.Runner; latency: each
+// committed handling's duration (claim, handler, commit), as its inbox's
+// Observer is told.
 func (b *bench) natsRunner(ctx context.Context, js jetstream.JetStream, row, w int) (*result, error) {
 	cons, cleanup, err := b.natsStream(ctx, js, row)
 	if err != nil {
@@ -222,18 +224,23 @@ func (b *bench) natsRunner(ctx context.Context, js jetstream.JetStream, row, w i
 	defer cleanup()
 	n := b.opts.transportMsgs
 	var lat latencies
-	r, err := dedupenats.New(b.inbox, cons, func(ctx context.Context, tx pgx.Tx, _ jetstream.Msg) error {
-		_, err := tx.Exec(ctx, sqlEffect, dedupe.ClaimFromContext(ctx).Key.ID, body)
-		return err
-	}, &dedupenats.Config{
+	ic := b.inbox.Config()
+	ic.Observer = observetest.OnHandled(func(_ dedupe.HandleInfo, d dedupe.HandleDone) {
+		if d.Outcome == dedupe.OutcomeClaimed {
+			lat.add(d.Duration)
+		}
+	})
+	inbox, err := dedupe.New(b.pool, ic)
+	if err != nil {
+		return nil, err
+	}
+	r, err := dedupenats.New(inbox, cons, dedupenats.Config{
 		Scope:   "nats-runner",
 		Key:     dedupenats.HeaderKey(idHeader),
 		Workers: w,
-		Metrics: dedupenats.MetricsFunc(func(_ context.Context, e dedupenats.Event) {
-			if e.Kind == dedupenats.KindProcessed {
-				lat.add(e.Latency)
-			}
-		}),
+	}, func(ctx context.Context, tx pgx.Tx, _ jetstream.Msg) error {
+		_, err := tx.Exec(ctx, sqlEffect, dedupe.ClaimFromContext(ctx).Key.ID, body)
+		return err
 	})
 	if err != nil {
 		return nil, err

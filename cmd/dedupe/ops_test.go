@@ -116,7 +116,7 @@ func TestStatsCountsByScopeAndState(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	ctx := context.Background()
-	inbox, err := dedupe.New(e.db.Pool, nil)
+	inbox, err := dedupe.New(e.db.Pool, dedupe.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +154,7 @@ func TestStatsCountsByScopeAndState(t *testing.T) {
 	}
 
 	// Two committed messages wait for a relay: the lag shows.
-	ob, err := dedupe.NewOutbox(e.db.Pool, nil)
+	ob, err := dedupe.NewOutbox(e.db.Pool, dedupe.OutboxConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +205,7 @@ func TestPurgeDeletesExpiredInBatchesWithProgress(t *testing.T) {
 	// one that is fresh.
 	claimAt := func(at time.Time, prefix string, n int) {
 		t.Helper()
-		inbox, err := dedupe.New(e.db.Pool, &dedupe.Config{Clock: func() time.Time { return at }, Retention: time.Hour})
+		inbox, err := dedupe.New(e.db.Pool, dedupe.Config{Clock: func() time.Time { return at }, Retention: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -121,7 +121,7 @@ func (c *cli) connectOutbox(ctx context.Context) (*pgxpool.Pool, *dedupe.Outbox,
 	if err != nil {
 		return nil, nil, err
 	}
-	ob, err := dedupe.NewOutbox(pool, &dedupe.Config{Schema: c.g.schema, OutboxTable: c.g.outboxTable, Logger: c.log})
+	ob, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{Schema: c.g.schema, Table: c.g.outboxTable, Logger: c.log})
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
@@ -138,9 +138,9 @@ func (c *cli) outboxParked(ctx context.Context, ob *dedupe.Outbox, limit int) in
 	for i, m := range msgs {
 		out[i] = newOutboxMessageJSON(m)
 	}
-	c.emit(c.stdout, map[string]any{"table": ob.Config().OutboxTable, "parked": out}, func(w io.Writer) {
+	c.emit(c.stdout, map[string]any{"table": ob.Config().Table, "parked": out}, func(w io.Writer) {
 		if len(out) == 0 {
-			fmt.Fprintf(w, "outbox %s: nothing parked\n", ob.Config().OutboxTable)
+			fmt.Fprintf(w, "outbox %s: nothing parked\n", ob.Config().Table)
 			return
 		}
 		fmt.Fprintln(w, "ID\tTOPIC\tKEY\tATTEMPTS\tPARKED AT\tLAST ERROR")

@@ -19,7 +19,7 @@ func TestOutboxParkedUnparkDiscard(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	ctx := context.Background()
-	ob, err := dedupe.NewOutbox(e.db.Pool, nil)
+	ob, err := dedupe.NewOutbox(e.db.Pool, dedupe.OutboxConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

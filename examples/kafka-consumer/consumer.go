@@ -14,6 +14,7 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
+	"github.com/exactlyonce/dedupe/examples/counter"
 	"github.com/exactlyonce/dedupe/examples/embedded"
 )
 
@@ -89,7 +90,7 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	defer pool.Close()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		return err
 	}
 	if err := migrateLedger(ctx, pool); err != nil {
@@ -97,7 +98,11 @@ func run(ctx context.Context, cfg config) error {
 	}
 	// Keys must outlive the longest redelivery: a day of retention is plenty
 	// for a consumer group that is never more than hours behind.
-	inbox, err := dedupe.New(pool, &dedupe.Config{Retention: 24 * time.Hour, Logger: log})
+	// The inbox's Observer is told of every message and of what the runner
+	// did beyond it; this one counts, for the progress log lines
+	// (dedupeotel's makes OpenTelemetry spans and metrics of the same).
+	counts := counter.New()
+	inbox, err := dedupe.New(pool, dedupe.Config{Retention: 24 * time.Hour, Logger: log, Observer: counts})
 	if err != nil {
 		return err
 	}
@@ -164,7 +169,7 @@ func run(ctx context.Context, cfg config) error {
 			case <-ctx.Done():
 				return
 			case <-report.C:
-				log.Info("progress", "stats", runner.Stats())
+				log.Info("progress", "counts", counts.String())
 			}
 		}
 	})
@@ -173,9 +178,9 @@ func run(ctx context.Context, cfg config) error {
 	err = runner.Run(ctx)
 	cancel()
 	background.Wait()
-	s := runner.Stats()
-	log.Info("kafka-consumer stopped", "booked", s.Handled, "duplicates", s.Duplicates,
-		"dead_lettered", s.DeadLettered, "given_up", s.GivenUp, "paused_partitions", s.Paused,
-		"batches", s.Batches, "fallbacks", s.Fallbacks, "offset_commits", s.Commits)
+	log.Info("kafka-consumer stopped", "booked", counts.Handled(dedupe.OutcomeClaimed), "duplicates", counts.Handled(dedupe.OutcomeDuplicate),
+		"dead_lettered", counts.Events(dedupe.EventDeadLettered), "given_up", counts.Events(dedupe.EventTerminated),
+		"paused_partitions", counts.Events(dedupe.EventPartitionPaused), "batches", counts.Events(dedupe.EventBatchHandled),
+		"fallbacks", counts.Events(dedupe.EventBatchFallback), "offset_commits", counts.Events(dedupe.EventOffsetsCommitted))
 	return err
 }

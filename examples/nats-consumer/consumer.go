@@ -13,6 +13,7 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
+	"github.com/exactlyonce/dedupe/examples/counter"
 	"github.com/exactlyonce/dedupe/examples/embedded"
 )
 
@@ -72,13 +73,17 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	defer pool.Close()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		return err
 	}
 	if err := migrateShipments(ctx, pool); err != nil {
 		return fmt.Errorf("create shipments: %w", err)
 	}
-	inbox, err := dedupe.New(pool, &dedupe.Config{Logger: log})
+	// The inbox's Observer is told of every message and of what the runner
+	// did with it; this one counts, for the closing log line (dedupeotel's
+	// makes OpenTelemetry spans and metrics of the same).
+	counts := counter.New()
+	inbox, err := dedupe.New(pool, dedupe.Config{Logger: log, Observer: counts})
 	if err != nil {
 		return err
 	}
@@ -126,10 +131,8 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("consumer %s: %w", cfg.Durable, err)
 	}
 
-	var counts dedupenats.Counters
-	rcfg := &dedupenats.Config{
+	rcfg := dedupenats.Config{
 		Workers:           cfg.Workers,
-		Metrics:           dedupenats.Tee(&counts, dedupenats.LogMetrics{Logger: log}),
 		Logger:            log,
 		DeadLetterSubject: cfg.DeadLetter,
 		DeadLetterJS:      js,
@@ -137,7 +140,7 @@ func run(ctx context.Context, cfg config) error {
 	if cfg.KeyHeader != "" {
 		rcfg.Key = dedupenats.HeaderKey(cfg.KeyHeader)
 	}
-	r, err := dedupenats.New(inbox, cons, ship, rcfg)
+	r, err := dedupenats.New(inbox, cons, rcfg, ship)
 	if err != nil {
 		return err
 	}
@@ -159,7 +162,7 @@ func run(ctx context.Context, cfg config) error {
 		cfg.ready()
 	}
 	err = r.Run(ctx)
-	log.Info("stopped", "processed", counts.Processed.Load(), "duplicates", counts.Duplicates.Load(),
-		"retries", counts.Retries.Load(), "terminated", counts.Terminated.Load())
+	log.Info("stopped", "processed", counts.Handled(dedupe.OutcomeClaimed), "duplicates", counts.Handled(dedupe.OutcomeDuplicate),
+		"retries", counts.Events(dedupe.EventRetried), "terminated", counts.Events(dedupe.EventTerminated))
 	return err
 }

@@ -82,7 +82,7 @@ func recordEvent(ctx context.Context, tx pgx.Tx, ev webhook.Event) error {
 
 // Setup migrates the inbox and creates webhook_events.
 func Setup(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	if _, err := pool.Exec(ctx, createTable); err != nil {
@@ -94,7 +94,7 @@ func Setup(ctx context.Context, pool *pgxpool.Pool) error {
 // NewMux returns the receiver's routes for the configured secrets; their
 // inbox reports to obs (nil for none).
 func NewMux(pool *pgxpool.Pool, s Secrets, logger *slog.Logger, obs dedupe.Observer) (*http.ServeMux, error) {
-	inbox, err := dedupe.New(pool, &dedupe.Config{Logger: logger, Observer: obs})
+	inbox, err := dedupe.New(pool, dedupe.Config{Logger: logger, Observer: obs})
 	if err != nil {
 		return nil, err
 	}

@@ -190,7 +190,7 @@ func cmdPark(ts *testscript.TestScript, neg bool, args []string) {
 	conn, err := pgx.Connect(ctx, ts.Getenv("DATABASE_URL"))
 	ts.Check(err)
 	defer conn.Close(ctx)
-	ob, err := dedupe.NewOutbox(conn, nil)
+	ob, err := dedupe.NewOutbox(conn, dedupe.OutboxConfig{})
 	ts.Check(err)
 	var id string
 	ts.Check(pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
