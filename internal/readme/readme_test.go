@@ -51,10 +51,6 @@ func TestREADMEBlocksRun(t *testing.T) {
 			bin := filepath.Join(env.WorkDir, "bin")
 			vars := append([]string{"HOME=" + home, "DATABASE_URL=" + url, "GOBIN=" + bin,
 				"PATH=" + bin + string(os.PathListSeparator) + env.Getenv("PATH")}, goEnv...)
-			// Each script has its own copy of the repository; without
-			// -trimpath every copy would compile the repository's packages
-			// anew, since their directory is part of the build's cache key.
-			vars = append(vars, "GOFLAGS="+strings.TrimSpace(goFlags(goEnv)+" -trimpath"))
 			for _, name := range []string{"NATS_URL", "KAFKA_BROKERS", "ADDR"} {
 				addr, err := freeAddr()
 				if err != nil {
@@ -126,16 +122,6 @@ func TestREADMEBlocksCovered(t *testing.T) {
 			t.Errorf("notRun names %q, which README.md no longer holds", line)
 		}
 	}
-}
-
-// goFlags returns the GOFLAGS of vars.
-func goFlags(vars []string) string {
-	for _, v := range vars {
-		if f, ok := strings.CutPrefix(v, "GOFLAGS="); ok {
-			return f
-		}
-	}
-	return ""
 }
 
 // skipped returns why the block is not run, or "".
