@@ -117,19 +117,18 @@ func (b *BatchConsumer[M]) HandleBatch(ctx context.Context, msgs []M) []BatchRes
 		return res
 	}
 	if b.inbox.cfg.Observer == nil {
-		b.handle(ctx, msgs, keys, valid, res)
+		b.handle(ctx, nil, msgs, keys, valid, res)
 		return res
 	}
+	// Each message's handling is observed on its own, and its handler (or
+	// its transaction of its own, when the batch falls back) runs with the
+	// context the Observer returned for it, which carries its MessageInfo.
 	dones := make([]func(Outcome, int, error), len(valid))
+	mctx := make([]context.Context, len(msgs))
 	for j, n := range valid {
-		var m *MessageInfo
-		if b.cfg.Describe != nil {
-			info := b.cfg.Describe(msgs[n])
-			m = &info
-		}
-		_, dones[j] = b.inbox.observe(ctx, keys[n], "batch", m)
+		mctx[n], dones[j] = observeMsg(ctx, b.inbox, &b.cfg, keys[n], "batch", msgs[n])
 	}
-	b.handle(ctx, msgs, keys, valid, res)
+	b.handle(ctx, mctx, msgs, keys, valid, res)
 	for j, n := range valid {
 		attempt := 0
 		var he *HandlerError
@@ -144,9 +143,11 @@ func (b *BatchConsumer[M]) HandleBatch(ctx context.Context, msgs []M) []BatchRes
 // handle handles the messages at valid (their keys valid) as one batch,
 // running the transaction again after a serialization failure, and one
 // message per transaction, in order, when the batch cannot run as one.
-func (b *BatchConsumer[M]) handle(ctx context.Context, msgs []M, keys []Key, valid []int, res []BatchResult) {
+// mctx holds each message's own context (by index into msgs), or is nil
+// when the handlings are not observed.
+func (b *BatchConsumer[M]) handle(ctx context.Context, mctx []context.Context, msgs []M, keys []Key, valid []int, res []BatchResult) {
 	for try := 0; ; try++ {
-		err := b.batchTx(ctx, msgs, keys, valid, res)
+		err := b.batchTx(ctx, mctx, msgs, keys, valid, res)
 		switch {
 		case err == nil:
 			return
@@ -156,14 +157,23 @@ func (b *BatchConsumer[M]) handle(ctx context.Context, msgs []M, keys []Key, val
 		if ctx.Err() == nil && !errors.Is(err, ErrInFlight) {
 			b.inbox.cfg.Logger.WarnContext(ctx, "dedupe: batch failed; handling it one message at a time", "err", err)
 		}
-		b.inOrder(ctx, msgs, keys, valid, res)
+		b.inOrder(ctx, mctx, msgs, keys, valid, res)
 		return
 	}
 }
 
+// msgCtx is the context of the message at n: its own when the handlings
+// are observed, else ctx.
+func msgCtx(ctx context.Context, mctx []context.Context, n int) context.Context {
+	if mctx != nil {
+		return mctx[n]
+	}
+	return ctx
+}
+
 // batchTx runs one transaction for the messages at valid and fills their
 // results. An error means nothing committed and no result was filled.
-func (b *BatchConsumer[M]) batchTx(ctx context.Context, msgs []M, keys []Key, valid []int, res []BatchResult) error {
+func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, msgs []M, keys []Key, valid []int, res []BatchResult) error {
 	inbox := b.inbox
 	br := inbox.db.SendBatch(ctx, b.beginBatch())
 	tx := br.Tx()
@@ -214,7 +224,7 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, msgs []M, keys []Key, va
 		}
 	}
 	g := newGuard(tx)
-	failedAt, herr := b.runBatch(ctx, g, msgs, valid, fresh, claims)
+	failedAt, herr := b.runBatch(ctx, mctx, g, msgs, valid, fresh, claims)
 	if herr == nil {
 		outcome, cerr := b.commit(ctx, tx, claims[fresh[0]])
 		for _, j := range fresh {
@@ -228,7 +238,7 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, msgs []M, keys []Key, va
 	}
 	if failedAt < 0 {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
-		b.inOrder(ctx, msgs, keys, valid, res)
+		b.inOrder(ctx, mctx, msgs, keys, valid, res)
 		return nil
 	}
 	n := valid[failedAt]
@@ -249,7 +259,7 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, msgs []M, keys []Key, va
 	// The messages before the failing one, again as a batch; the ones after
 	// it wait for their redelivery, so that order is kept.
 	if failedAt > 0 {
-		b.handle(ctx, msgs, keys, valid[:failedAt], res)
+		b.handle(ctx, mctx, msgs, keys, valid[:failedAt], res)
 	}
 	for _, m := range valid[failedAt+1:] {
 		res[m] = BatchResult{Outcome: OutcomeRetry, Err: ErrNotAttempted}
@@ -297,8 +307,9 @@ func (b *BatchConsumer[M]) endedAt(ctx context.Context, keys []Key, valid, fresh
 }
 
 // runBatch runs the handler over the claimed messages; failedAt is the index
-// into valid of the failing message (-1 when a batch handler failed).
-func (b *BatchConsumer[M]) runBatch(ctx context.Context, g *guardedTx, msgs []M, valid, fresh []int, claims []*Claim) (int, error) {
+// into valid of the failing message (-1 when a batch handler failed). A
+// per-message handler runs with its message's context (see handle).
+func (b *BatchConsumer[M]) runBatch(ctx context.Context, mctx []context.Context, g *guardedTx, msgs []M, valid, fresh []int, claims []*Claim) (int, error) {
 	if b.all != nil {
 		batch := make([]M, len(fresh))
 		for k, j := range fresh {
@@ -309,7 +320,8 @@ func (b *BatchConsumer[M]) runBatch(ctx context.Context, g *guardedTx, msgs []M,
 	for _, j := range fresh {
 		c := claims[j]
 		c.pending = nil
-		err := runGuarded(g, func() error { return b.each(contextWithClaim(ctx, c), g, msgs[valid[j]]) })
+		n := valid[j]
+		err := runGuarded(g, func() error { return b.each(contextWithClaim(msgCtx(ctx, mctx, n), c), g, msgs[n]) })
 		if err == nil && c.pending != nil {
 			err = b.inbox.StoreResultTx(ctx, g.Tx, c, *c.pending)
 		}
@@ -322,9 +334,9 @@ func (b *BatchConsumer[M]) runBatch(ctx context.Context, g *guardedTx, msgs []M,
 
 // inOrder handles the messages at valid one transaction each, in order, up
 // to the first that is not settled; the rest are returned unattempted.
-func (b *BatchConsumer[M]) inOrder(ctx context.Context, msgs []M, keys []Key, valid []int, res []BatchResult) {
+func (b *BatchConsumer[M]) inOrder(ctx context.Context, mctx []context.Context, msgs []M, keys []Key, valid []int, res []BatchResult) {
 	for k, n := range valid {
-		o, err := b.one.HandleKey(ctx, keys[n], msgs[n])
+		o, err := b.one.HandleKey(msgCtx(ctx, mctx, n), keys[n], msgs[n])
 		res[n] = BatchResult{Outcome: o, Err: err}
 		if err != nil {
 			for _, m := range valid[k+1:] {

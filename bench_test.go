@@ -24,12 +24,12 @@ func BenchmarkHandle(b *testing.B) {
 	const workers = 8
 	db := dbtest.New(b, dbtest.Options{MaxConns: workers + 2})
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, db.Pool, dedupe.MigrateConfig{}); err != nil {
 		b.Fatal(err)
 	}
 	db.Exec(b, `CREATE TABLE effects (id bigserial PRIMARY KEY, msg_key text NOT NULL, note text)`)
 	db.Exec(b, `CREATE TABLE processed (scope text, key text, PRIMARY KEY (scope, key))`)
-	inbox, err := dedupe.New(db.Pool, nil)
+	inbox, err := dedupe.New(db.Pool, dedupe.Config{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -66,6 +66,23 @@ func BenchmarkHandle(b *testing.B) {
 	}
 	withDedupe := func(ctx context.Context, o order) error {
 		_, err := c.Handle(ctx, o)
+		return err
+	}
+	// The same with an Observer (one that does nothing) and a Describe as a
+	// transport adapter sets it: the cost of the observation seam itself.
+	observed, err := dedupe.New(db.Pool, dedupe.Config{Observer: dedupe.NopObserver{}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	oc, err := dedupe.NewConsumer(observed, dedupe.ConsumerConfig[order]{Scope: "bench", Key: orderKey,
+		Describe: func(o order) dedupe.MessageInfo {
+			return dedupe.MessageInfo{System: "nats", Destination: "orders.created", ID: o.ID, Group: "bench", Partition: -1, Offset: -1, Delivery: 1}
+		}}, insertEffect)
+	if err != nil {
+		b.Fatal(err)
+	}
+	withObserver := func(ctx context.Context, o order) error {
+		_, err := oc.Handle(ctx, o)
 		return err
 	}
 
@@ -122,6 +139,7 @@ func BenchmarkHandle(b *testing.B) {
 	run("handwritten", handWritten)
 	run("handwritten-inbox-row", handWrittenFull)
 	run("dedupe", withDedupe)
+	run("dedupe-observed", withObserver)
 	alternate("interleaved", handWritten, withDedupe)
 
 	// Redeliveries: every message is a duplicate of one already committed.

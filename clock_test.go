@@ -24,16 +24,16 @@ func TestPoolStarvedBeginReturnsLiveLease(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, db.Pool, dedupe.MigrateConfig{}); err != nil {
 		t.Fatal(err)
 	}
 	starved := db.AppPool(t, "starved", 1)
 	const lease = 500 * time.Millisecond
-	inbox, err := dedupe.New(starved, &dedupe.Config{Lease: lease, Logger: dbtest.Logger(t)})
+	inbox, err := dedupe.New(starved, dedupe.Config{Lease: lease, Logger: dbtest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := dedupe.New(db.Pool, &dedupe.Config{Lease: lease, Logger: dbtest.Logger(t)})
+	other, err := dedupe.New(db.Pool, dedupe.Config{Lease: lease, Logger: dbtest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,11 +112,11 @@ func TestNoApplicationTimeReachesTheDatabase(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, db.Pool, dedupe.MigrateConfig{}); err != nil {
 		t.Fatal(err)
 	}
 	rec := &recordingDB{Pool: db.Pool}
-	inbox, err := dedupe.New(rec, &dedupe.Config{Logger: dbtest.Logger(t)})
+	inbox, err := dedupe.New(rec, dedupe.Config{Logger: dbtest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,10 +179,10 @@ func TestLeaseMeasuredOnTheDatabaseClock(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, db.Pool, dedupe.MigrateConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	inbox, err := dedupe.New(db.Pool, &dedupe.Config{Lease: time.Minute})
+	inbox, err := dedupe.New(db.Pool, dedupe.Config{Lease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,8 +48,10 @@ type ConsumerConfig[M any] struct {
 	TxRetries int
 	// Describe tells the inbox's Observer what a transport knows of msg
 	// (subject, partition, delivery count, headers with the trace context).
-	// Transport adapters set it. Defaults to none: the Observer then uses
-	// the MessageInfo in the context (WithMessageInfo), if any.
+	// Transport adapters set it. It is called only when the inbox has an
+	// Observer, and the handler then finds its result in its context
+	// (MessageInfoFrom). Defaults to none: the Observer then uses the
+	// MessageInfo in the context (WithMessageInfo), if any.
 	Describe func(msg M) MessageInfo
 }
 
@@ -173,7 +175,7 @@ func (c *Consumer[M]) HandleKey(ctx context.Context, key Key, msg M) (Outcome, e
 	}
 	done := nopDone
 	if !c.unobserved {
-		ctx, done = c.inbox.observe(ctx, key, "transactional", c.describe(msg))
+		ctx, done = observeMsg(ctx, c.inbox, &c.cfg, key, "transactional", msg)
 	}
 	for try := 0; ; try++ {
 		outcome, attempt, err := c.attempt(ctx, key, msg)
@@ -185,14 +187,22 @@ func (c *Consumer[M]) HandleKey(ctx context.Context, key Key, msg M) (Outcome, e
 	}
 }
 
-// describe is the MessageInfo of msg for the Observer: ConsumerConfig.Describe's,
-// or none (the Observer then looks in the context).
-func (c *Consumer[M]) describe(msg M) *MessageInfo {
-	if c.cfg.Describe == nil || c.inbox.cfg.Observer == nil {
-		return nil
+// observeMsg starts observing the handling of msg with inbox's Observer, if
+// it has one. The MessageInfo from cfg.Describe goes to the Observer and
+// into the returned context, where the handler finds it (MessageInfoFrom);
+// without Describe, the Observer uses the context's. Without an Observer it
+// costs nothing, so Describe is not called.
+func observeMsg[M any](ctx context.Context, inbox *Inbox, cfg *ConsumerConfig[M], key Key, mode string, msg M) (context.Context, func(Outcome, int, error)) {
+	if inbox.cfg.Observer == nil {
+		return ctx, nopDone
 	}
-	m := c.cfg.Describe(msg)
-	return &m
+	var m *MessageInfo
+	if cfg.Describe != nil {
+		m = new(MessageInfo)
+		*m = cfg.Describe(msg)
+		ctx = withMessageInfo(ctx, m)
+	}
+	return inbox.observe(ctx, key, mode, m)
 }
 
 // attempt runs one transaction of Handle and reports the attempt number it

@@ -343,7 +343,7 @@ func TestHandleConnectionKilledMidTransaction(t *testing.T) {
 	ctx := context.Background()
 	// The consumer gets its own pool so its backend can be found and killed.
 	pool := b.db.AppPool(t, "victim-"+b.db.Schema, 0)
-	inbox, err := dedupe.New(pool, &dedupe.Config{Clock: b.clock.Now})
+	inbox, err := dedupe.New(pool, dedupe.Config{Clock: b.clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -425,7 +425,7 @@ func consumerHelperProcess(url string, keys int) error {
 		return err
 	}
 	defer pool.Close()
-	inbox, err := dedupe.New(pool, nil)
+	inbox, err := dedupe.New(pool, dedupe.Config{})
 	if err != nil {
 		return err
 	}

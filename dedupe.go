@@ -84,9 +84,6 @@ type Config struct {
 	// failed (poison) and no longer retried. Defaults to 10; a negative value
 	// means no limit.
 	MaxAttempts int
-	// OutboxTable is the transactional outbox's table (see Outbox), in
-	// Schema. Defaults to "dedupe_outbox".
-	OutboxTable string
 	// PurgeBatchSize bounds the rows deleted per statement by Purge.
 	// Defaults to 1000.
 	PurgeBatchSize int
@@ -100,24 +97,19 @@ type Config struct {
 	Clock func() time.Time
 	// Logger receives the inbox's logs. Defaults to slog.Default().
 	Logger *slog.Logger
-	// Observer is told of every claim, handling, lease renewal, purge and
-	// outbox publish, for metrics and traces (see Observer and the
-	// dedupeotel module). Defaults to nil: nothing is observed, at no cost.
+	// Observer is told of every claim, handling, lease renewal and purge,
+	// for metrics and traces (see Observer and the dedupeotel module; the
+	// outbox has its own, OutboxConfig.Observer). Defaults to nil: nothing
+	// is observed, at no cost.
 	Observer Observer
 }
 
 // withDefaults returns a copy of c with every zero field defaulted, or a
 // *ConfigError.
-func (c *Config) withDefaults() (Config, error) {
-	var out Config
-	if c != nil {
-		out = *c
-	}
+func (c Config) withDefaults() (Config, error) {
+	out := c
 	if out.Table == "" {
 		out.Table = DefaultTable
-	}
-	if out.OutboxTable == "" {
-		out.OutboxTable = DefaultOutboxTable
 	}
 	if out.Lease == 0 {
 		out.Lease = DefaultLease
@@ -143,8 +135,6 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, &ConfigError{Field: "Retention", Reason: "must be at least Lease"}
 	case out.PurgeBatchSize < 0:
 		return out, &ConfigError{Field: "PurgeBatchSize", Reason: "must be positive"}
-	case len(out.OutboxTable) > 48:
-		return out, &ConfigError{Field: "OutboxTable", Reason: "must be at most 48 bytes (PostgreSQL truncates longer names)"}
 	case len(out.Table) > 55:
 		return out, &ConfigError{Field: "Table", Reason: "must be at most 55 bytes (PostgreSQL truncates longer names)"}
 	}
@@ -159,22 +149,32 @@ func (c *Config) maxAttemptsParam() int {
 	return c.MaxAttempts
 }
 
-// now is the $1 of every statement that decides by time: nil (the
-// database's own clock) unless a test set Clock.
-func (c *Config) now() *time.Time {
-	if c.Clock == nil {
+// now is the $1 of every statement that decides by time (see clockParam).
+func (c *Config) now() *time.Time { return clockParam(c.Clock) }
+
+// clockParam is the "now" parameter of a statement that decides by time:
+// nil, so that the database uses its own clock, unless a test set clock.
+func clockParam(clock func() time.Time) *time.Time {
+	if clock == nil {
 		return nil
 	}
-	t := c.Clock()
+	t := clock()
 	return &t
 }
 
-// qualifiedTable returns the quoted, optionally schema-qualified table.
-func (c *Config) qualifiedTable(name string) string {
-	if c.Schema == "" {
+// Migration returns the migration configuration of the inbox's table: its
+// schema and table, the inbox line only. Migrate(ctx, db, cfg.Migration())
+// creates what New(db, cfg) uses.
+func (c Config) Migration() MigrateConfig {
+	return MigrateConfig{Schema: c.Schema, InboxTable: c.Table, Lines: []Line{LineInbox}}
+}
+
+// qualify returns the quoted, optionally schema-qualified table.
+func qualify(schema, name string) string {
+	if schema == "" {
 		return pgx.Identifier{name}.Sanitize()
 	}
-	return pgx.Identifier{c.Schema, name}.Sanitize()
+	return pgx.Identifier{schema, name}.Sanitize()
 }
 
 // Inbox claims keys in one inbox table. It is safe for concurrent use; build
@@ -189,9 +189,9 @@ type Inbox struct {
 	leaseArg, retentionArg any
 }
 
-// New returns an Inbox over db. cfg may be nil for the defaults. New does not
-// touch the database; call Migrate once before use.
-func New(db DB, cfg *Config) (*Inbox, error) {
+// New returns an Inbox over db; the zero Config is the defaults. New does not
+// touch the database; call Migrate once before use (cfg.Migration()).
+func New(db DB, cfg Config) (*Inbox, error) {
 	if db == nil {
 		return nil, &ConfigError{Field: "db", Reason: "must not be nil"}
 	}
@@ -199,7 +199,7 @@ func New(db DB, cfg *Config) (*Inbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	table := c.qualifiedTable(c.Table)
+	table := qualify(c.Schema, c.Table)
 	return &Inbox{db: db, cfg: c, q: newQueries(table), table: table, leaseArg: c.Lease, retentionArg: c.Retention}, nil
 }
 
@@ -227,8 +227,10 @@ const (
 	OutcomeConflict
 	// OutcomePoisoned: the key is marked failed and is no longer retried.
 	OutcomePoisoned
-	// OutcomeRetry: Consumer.Handle only: the handler failed, everything was
-	// rolled back, and a redelivery will try again.
+	// OutcomeRetry: the handler failed, everything was rolled back, and a
+	// redelivery will try again (Consumer.Handle; reported to the Observer
+	// also for a leased or HTTP handling whose key was released or whose
+	// lease was lost).
 	OutcomeRetry
 	// OutcomeUnknown: the transaction's COMMIT was sent but its reply was
 	// lost, and the library could not learn on a fresh connection whether it
@@ -308,6 +310,22 @@ func (c *Claim) observed(o Outcome, err error) {
 	if c.obsDone != nil {
 		c.obsDone(o, c.Attempt, err)
 		c.obsDone = nil
+	}
+}
+
+// settled ends a leased claim's handling for the Observer after Complete or
+// Fail returned opErr: with o and cause when it succeeded; as a retry when
+// the lease was lost (another attempt took the key over, this one's work
+// does not count); as OutcomeUnknown when its outcome could not be learnt.
+// Other errors leave the handling open: the caller may still settle it.
+func (c *Claim) settled(o Outcome, cause, opErr error) {
+	switch {
+	case opErr == nil:
+		c.observed(o, cause)
+	case errors.Is(opErr, ErrLeaseLost):
+		c.observed(OutcomeRetry, opErr)
+	case errors.Is(opErr, ErrOutcomeUnknown):
+		c.observed(OutcomeUnknown, opErr)
 	}
 }
 

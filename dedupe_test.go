@@ -167,7 +167,7 @@ func TestClaimBatchConcurrentOverlapOneClaimEach(t *testing.T) {
 func TestNotMigratedError(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
-	inbox, err := dedupe.New(db.Pool, nil)
+	inbox, err := dedupe.New(db.Pool, dedupe.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,11 +186,11 @@ func TestNewValidatesConfig(t *testing.T) {
 		"table name too big": {Table: string(make([]byte, 60))},
 	} {
 		var ce *dedupe.ConfigError
-		if _, err := dedupe.New(db.Pool, &cfg); !errors.As(err, &ce) || !errors.Is(err, dedupe.ErrInvalidConfig) {
+		if _, err := dedupe.New(db.Pool, cfg); !errors.As(err, &ce) || !errors.Is(err, dedupe.ErrInvalidConfig) {
 			t.Errorf("%s: %v, want *ConfigError", name, err)
 		}
 	}
-	if _, err := dedupe.New(nil, nil); !errors.Is(err, dedupe.ErrInvalidConfig) {
+	if _, err := dedupe.New(nil, dedupe.Config{}); !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Errorf("nil db: %v", err)
 	}
 }

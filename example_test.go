@@ -23,11 +23,11 @@ func ExampleConsumer_Handle() {
 	pool, cleanup := exampleDB()
 	defer cleanup()
 
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		panic(err)
 	}
 	_, _ = pool.Exec(ctx, `CREATE TABLE charges (order_id text, cents int)`)
-	inbox, _ := dedupe.New(pool, nil)
+	inbox, _ := dedupe.New(pool, dedupe.Config{})
 
 	type OrderPlaced struct {
 		ID    string
@@ -63,8 +63,8 @@ func ExampleInbox_Claim() {
 	ctx := context.Background()
 	pool, cleanup := exampleDB()
 	defer cleanup()
-	_ = dedupe.Migrate(ctx, pool, nil)
-	inbox, _ := dedupe.New(pool, nil)
+	_ = dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{})
+	inbox, _ := dedupe.New(pool, dedupe.Config{})
 
 	for range 2 {
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -94,8 +94,8 @@ func ExampleInbox_Begin() {
 	ctx := context.Background()
 	pool, cleanup := exampleDB()
 	defer cleanup()
-	_ = dedupe.Migrate(ctx, pool, nil)
-	inbox, _ := dedupe.New(pool, &dedupe.Config{Lease: time.Minute})
+	_ = dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{})
+	inbox, _ := dedupe.New(pool, dedupe.Config{Lease: time.Minute})
 
 	key := dedupe.Key{Scope: "airflow/billing", ID: "monthly_invoices/send/scheduled__2026-11-30"}
 	claim, err := inbox.Begin(ctx, key)

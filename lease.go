@@ -117,24 +117,23 @@ func (i *Inbox) Complete(ctx context.Context, c *Claim, result Result) error {
 		return err
 	}
 	err := i.idempotent(ctx, "Complete", c.Key, func() error { return i.complete(ctx, i.db, c, result) })
-	if err == nil {
-		c.observed(OutcomeClaimed, nil)
-	}
+	c.settled(OutcomeClaimed, nil, err)
 	return err
 }
 
 // CompleteTx is Complete inside the caller's transaction (or any Querier), so
 // that the work's database writes and the stored result commit together. If
 // that transaction's COMMIT fails without a reply, Resolve tells whether it
-// committed.
+// committed. The Observer is told of the handling when the completion is
+// written into q: the inbox cannot see q's COMMIT, so a commit that fails
+// afterwards is the caller's to report (its Fail then changes nothing the
+// Observer was told).
 func (i *Inbox) CompleteTx(ctx context.Context, q Querier, c *Claim, result Result) error {
 	if err := mustHold(c, "Complete"); err != nil {
 		return err
 	}
 	err := i.complete(ctx, q, c, result)
-	if err == nil {
-		c.observed(OutcomeClaimed, nil) // as far as this process knows: q's commit is the caller's
-	}
+	c.settled(OutcomeClaimed, nil, err)
 	return err
 }
 
@@ -182,13 +181,11 @@ func (i *Inbox) Fail(ctx context.Context, c *Claim, cause error) (poisoned bool,
 		return translate(err)
 	})
 	poisoned = err == nil && State(state) == StateFailed
-	if err == nil {
-		o := OutcomeRetry
-		if poisoned {
-			o = OutcomePoisoned
-		}
-		c.observed(o, cause)
+	o := OutcomeRetry
+	if poisoned {
+		o = OutcomePoisoned
 	}
+	c.settled(o, cause, err)
 	return poisoned, err
 }
 

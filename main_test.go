@@ -49,11 +49,11 @@ func setup(t *testing.T, cfg ...dedupe.Config) *bundle {
 		c.Logger = dbtest.Logger(t)
 	}
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, db.Pool, &c); err != nil {
+	if err := dedupe.Migrate(ctx, db.Pool, dedupe.MigrateConfig{Schema: c.Schema, InboxTable: c.Table}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	db.Exec(t, `CREATE TABLE effects (id bigserial PRIMARY KEY, msg_key text NOT NULL, note text)`)
-	inbox, err := dedupe.New(db.Pool, &c)
+	inbox, err := dedupe.New(db.Pool, c)
 	if err != nil {
 		t.Fatalf("new inbox: %v", err)
 	}

@@ -30,14 +30,64 @@ type Line string
 
 // The migration lines.
 const (
-	// LineInbox creates the inbox table, Config.Table.
+	// LineInbox creates the inbox table, Config.Table (MigrateConfig.InboxTable).
 	LineInbox Line = "inbox"
-	// LineOutbox creates the transactional outbox table, Config.OutboxTable.
+	// LineOutbox creates the transactional outbox table, OutboxConfig.Table.
 	LineOutbox Line = "outbox"
 )
 
-// Lines are all migration lines, in the order they are applied.
-var Lines = []Line{LineInbox, LineOutbox}
+// AllLines returns every migration line, in the order they are applied.
+func AllLines() []Line { return []Line{LineInbox, LineOutbox} }
+
+// MigrateConfig says which tables Migrate creates and upgrades. The zero
+// value is usable: both lines, default names, the connection's search_path.
+type MigrateConfig struct {
+	// Schema holds the tables (created if missing). Defaults to "" (the
+	// connection's search_path).
+	Schema string
+	// InboxTable is the inbox table (Config.Table). Defaults to
+	// "dedupe_inbox".
+	InboxTable string
+	// OutboxTable is the outbox table (OutboxConfig.Table). Defaults to
+	// "dedupe_outbox".
+	OutboxTable string
+	// Lines are the lines to migrate. Defaults to AllLines().
+	Lines []Line
+}
+
+// withDefaults returns a copy of c with every zero field defaulted, or a
+// *ConfigError.
+func (c MigrateConfig) withDefaults() (MigrateConfig, error) {
+	if c.InboxTable == "" {
+		c.InboxTable = DefaultTable
+	}
+	if c.OutboxTable == "" {
+		c.OutboxTable = DefaultOutboxTable
+	}
+	if len(c.Lines) == 0 {
+		c.Lines = AllLines()
+	} else {
+		lines := make([]Line, 0, len(c.Lines))
+		for _, l := range c.Lines {
+			if !slices.Contains(lines, l) {
+				lines = append(lines, l) // a line named twice is migrated once
+			}
+		}
+		c.Lines = lines
+	}
+	switch {
+	case len(c.InboxTable) > 55:
+		return c, &ConfigError{Field: "InboxTable", Reason: "must be at most 55 bytes (PostgreSQL truncates longer names)"}
+	case len(c.OutboxTable) > 48:
+		return c, &ConfigError{Field: "OutboxTable", Reason: "must be at most 48 bytes (PostgreSQL truncates longer names)"}
+	}
+	for _, l := range c.Lines {
+		if !slices.Contains(AllLines(), l) {
+			return c, &ConfigError{Field: "Lines", Reason: fmt.Sprintf("unknown migration line %q", l)}
+		}
+	}
+	return c, nil
+}
 
 // Migration is one versioned step of a line, rendered for a Config.
 type Migration struct {
@@ -57,19 +107,19 @@ type MigrationStatus struct {
 	AppliedAt time.Time
 }
 
-// Migrator applies the embedded migrations of some lines for one Config: its
-// schema and table names. Versions are recorded per line and table in
+// Migrator applies the embedded migrations of some lines for one
+// MigrateConfig: its schema and table names. Versions are recorded per line and table in
 // dedupe_migration in the same schema.
 type Migrator struct {
 	db         DB
-	cfg        Config
+	cfg        MigrateConfig
 	migrations []Migration
 	tracking   string
 }
 
-// NewMigrator returns a Migrator for cfg (nil for the defaults) over the given
-// lines, all of them when none is given.
-func NewMigrator(db DB, cfg *Config, lines ...Line) (*Migrator, error) {
+// NewMigrator returns a Migrator for cfg (the zero MigrateConfig for every
+// line with the default names).
+func NewMigrator(db DB, cfg MigrateConfig) (*Migrator, error) {
 	if db == nil {
 		return nil, &ConfigError{Field: "db", Reason: "must not be nil"}
 	}
@@ -77,25 +127,23 @@ func NewMigrator(db DB, cfg *Config, lines ...Line) (*Migrator, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(lines) == 0 {
-		lines = Lines
-	}
 	var ms []Migration
-	for _, l := range lines {
+	for _, l := range c.Lines {
 		lm, err := renderLine(c, l)
 		if err != nil {
 			return nil, err
 		}
 		ms = append(ms, lm...)
 	}
-	return &Migrator{db: db, cfg: c, migrations: ms, tracking: c.qualifiedTable("dedupe_migration")}, nil
+	return &Migrator{db: db, cfg: c, migrations: ms, tracking: qualify(c.Schema, "dedupe_migration")}, nil
 }
 
-// Migrate applies every pending migration of the given lines (all when none
-// is given) for cfg (nil for the defaults). It is idempotent and safe to call
-// from many processes at once.
-func Migrate(ctx context.Context, db DB, cfg *Config, lines ...Line) error {
-	m, err := NewMigrator(db, cfg, lines...)
+// Migrate applies every pending migration of cfg's lines (the zero
+// MigrateConfig: the inbox and the outbox with their default names). It is
+// idempotent and safe to call from many processes at once. An Inbox's or
+// Outbox's own tables are cfg.Migration() of its Config.
+func Migrate(ctx context.Context, db DB, cfg MigrateConfig) error {
+	m, err := NewMigrator(db, cfg)
 	if err != nil {
 		return err
 	}
@@ -107,11 +155,11 @@ func Migrate(ctx context.Context, db DB, cfg *Config, lines ...Line) error {
 func (m *Migrator) Migrations() []Migration { return slices.Clone(m.migrations) }
 
 // tableOf is the table a line's versions are recorded under.
-func (c *Config) tableOf(l Line) string {
+func (c *MigrateConfig) tableOf(l Line) string {
 	if l == LineOutbox {
 		return c.OutboxTable
 	}
-	return c.Table
+	return c.InboxTable
 }
 
 type migrationID struct {
@@ -249,12 +297,12 @@ type templateData struct {
 	OutboxPublishedIndex string
 }
 
-func newTemplateData(c Config) templateData {
+func newTemplateData(c MigrateConfig) templateData {
 	d := templateData{
-		Inbox:             c.qualifiedTable(c.Table),
-		InboxExpiresIndex: pgx.Identifier{c.Table + "_expires_at_idx"}.Sanitize(),
+		Inbox:             qualify(c.Schema, c.InboxTable),
+		InboxExpiresIndex: pgx.Identifier{c.InboxTable + "_expires_at_idx"}.Sanitize(),
 
-		Outbox:               c.qualifiedTable(c.OutboxTable),
+		Outbox:               qualify(c.Schema, c.OutboxTable),
 		OutboxPendingIndex:   pgx.Identifier{c.OutboxTable + "_pending_idx"}.Sanitize(),
 		OutboxKeyIndex:       pgx.Identifier{c.OutboxTable + "_key_idx"}.Sanitize(),
 		OutboxPublishedIndex: pgx.Identifier{c.OutboxTable + "_published_idx"}.Sanitize(),
@@ -266,8 +314,8 @@ func newTemplateData(c Config) templateData {
 }
 
 // renderLine reads the embedded migrations of line l and fills in c's names.
-func renderLine(c Config, l Line) ([]Migration, error) {
-	if !slices.Contains(Lines, l) {
+func renderLine(c MigrateConfig, l Line) ([]Migration, error) {
+	if !slices.Contains(AllLines(), l) {
 		return nil, &ConfigError{Field: "lines", Reason: fmt.Sprintf("unknown migration line %q", l)}
 	}
 	files, err := fs.Glob(migrationFS, "migrations/"+string(l)+"/*.up.sql")
@@ -313,21 +361,18 @@ func renderFile(name string, data templateData) (string, error) {
 	return buf.String(), nil
 }
 
-// PlainSQL returns the up migrations of the given lines (all when none is
-// given) for cfg (nil for the defaults) as one script, for users of goose,
+// PlainSQL returns the up migrations of cfg's lines (the zero MigrateConfig
+// for every line with the default names) as one script, for users of goose,
 // golang-migrate or atlas. The file sql/dedupe_inbox.sql in the repository is
 // this script for the defaults.
-func PlainSQL(cfg *Config, lines ...Line) (string, error) {
+func PlainSQL(cfg MigrateConfig) (string, error) {
 	c, err := cfg.withDefaults()
 	if err != nil {
 		return "", err
 	}
-	if len(lines) == 0 {
-		lines = Lines
-	}
 	var b strings.Builder
 	b.WriteString("-- dedupe schema. Generated from migrations/*/*.up.sql by dedupe.PlainSQL; do not edit.\n")
-	for _, l := range lines {
+	for _, l := range c.Lines {
 		ms, err := renderLine(c, l)
 		if err != nil {
 			return "", err

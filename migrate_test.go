@@ -15,16 +15,16 @@ func TestMigrateTwiceAndConcurrently(t *testing.T) {
 	db := dbtest.New(t)
 	ctx := context.Background()
 	errs := make([]error, 5)
-	together(5, func(i int) { errs[i] = dedupe.Migrate(ctx, db.Pool, nil) })
+	together(5, func(i int) { errs[i] = dedupe.Migrate(ctx, db.Pool, dedupe.MigrateConfig{}) })
 	for i, err := range errs {
 		if err != nil {
 			t.Fatalf("concurrent migrate %d: %v", i, err)
 		}
 	}
-	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, db.Pool, dedupe.MigrateConfig{}); err != nil {
 		t.Fatalf("second migrate: %v", err)
 	}
-	m, err := dedupe.NewMigrator(db.Pool, nil)
+	m, err := dedupe.NewMigrator(db.Pool, dedupe.MigrateConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,9 +37,9 @@ func TestMigratorStatusDownAndCustomNames(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	ctx := context.Background()
-	cfg := &dedupe.Config{Schema: db.Schema + "_custom", Table: "my inbox"}
+	cfg := dedupe.Config{Schema: db.Schema + "_custom", Table: "my inbox"}
 	t.Cleanup(func() { _, _ = db.Pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+cfg.Schema+`" CASCADE`) })
-	m, err := dedupe.NewMigrator(db.Pool, cfg)
+	m, err := dedupe.NewMigrator(db.Pool, dedupe.MigrateConfig{Schema: cfg.Schema, InboxTable: cfg.Table})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func TestMigratorStatusDownAndCustomNames(t *testing.T) {
 // DEDUPE_WRITE_SQL=1 go test -run TestPlainSQLFileIsCurrent .
 func TestPlainSQLFileIsCurrent(t *testing.T) {
 	t.Parallel()
-	want, err := dedupe.PlainSQL(nil)
+	want, err := dedupe.PlainSQL(dedupe.MigrateConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestPlainSQLFileIsCurrent(t *testing.T) {
 func TestMigratorStatusIsReadOnly(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
-	m, err := dedupe.NewMigrator(db.Pool, &dedupe.Config{Schema: db.Schema + "_never"})
+	m, err := dedupe.NewMigrator(db.Pool, dedupe.MigrateConfig{Schema: db.Schema + "_never"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,15 +122,15 @@ func TestMigrateOneLineOnly(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	ctx := context.Background()
-	cfg := &dedupe.Config{Table: "http_keys"}
-	if err := dedupe.Migrate(ctx, db.Pool, cfg, dedupe.LineInbox); err != nil {
+	cfg := dedupe.Config{Table: "http_keys"}
+	if err := dedupe.Migrate(ctx, db.Pool, cfg.Migration()); err != nil {
 		t.Fatal(err)
 	}
 	if n := db.Count(t, "SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'dedupe_outbox'", db.Schema); n != 0 {
 		t.Fatal("migrating the inbox line created an outbox")
 	}
 	// The full migration later adds the outbox and leaves the inbox alone.
-	m, err := dedupe.NewMigrator(db.Pool, cfg)
+	m, err := dedupe.NewMigrator(db.Pool, dedupe.MigrateConfig{InboxTable: cfg.Table})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,17 @@ func TestMigrateOneLineOnly(t *testing.T) {
 			t.Fatalf("up applied %s/%03d; want only the outbox line", a.Line, a.Version)
 		}
 	}
-	if _, err := dedupe.NewMigrator(db.Pool, nil, dedupe.Line("nope")); !errors.Is(err, dedupe.ErrInvalidConfig) {
+	if _, err := dedupe.NewMigrator(db.Pool, dedupe.MigrateConfig{Lines: []dedupe.Line{"nope"}}); !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Fatalf("unknown line: %v", err)
+	}
+}
+
+// TestMigrateRepeatedLineOnce: a line named twice in MigrateConfig.Lines is
+// migrated once, not refused half-way by the database.
+func TestMigrateRepeatedLineOnce(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	if err := dedupe.Migrate(context.Background(), db.Pool, dedupe.MigrateConfig{Lines: []dedupe.Line{dedupe.LineInbox, dedupe.LineInbox}}); err != nil {
+		t.Fatalf("Migrate with a repeated line: %v", err)
 	}
 }

@@ -43,8 +43,9 @@ type Observer interface {
 	// RelayConfig.StatsInterval.
 	OutboxQueued(ctx context.Context, s OutboxStats)
 	// TransportEvent reports what a transport adapter did with a message
-	// beyond the claim: an acknowledgement that failed, a message terminated
-	// or dead-lettered, offsets committed, a partition paused.
+	// beyond its handling: an acknowledgement that failed, a retry, a
+	// message refused, dead-lettered or terminated, offsets committed, a
+	// partition paused (see the Event constants).
 	TransportEvent(ctx context.Context, e TransportEvent)
 }
 
@@ -97,7 +98,9 @@ type MessageInfo struct {
 	// Delivery is the broker's delivery count, from 1 (0 when unknown).
 	Delivery int
 	// Headers are the message's headers, for the trace context; nil when the
-	// transport has none.
+	// transport has none. They are the message's own (an HTTP request's
+	// include its credentials): an Observer reads the propagation keys it
+	// needs during StartHandle and neither keeps nor changes them.
 	Headers Headers
 }
 
@@ -134,32 +137,154 @@ func (h MapHeaders) Keys() []string {
 	return out
 }
 
-// TransportEvent is something a transport adapter did with a message.
+// TransportEvent is something a transport adapter did with a message (or a
+// partition) beyond its handling, which StartHandle reports. Its Name is
+// one of the Event constants.
 type TransportEvent struct {
-	// Name says what: "ack_failed", "terminated", "dead_lettered",
-	// "dead_letter_failed", "released", "offsets_committed",
-	// "offset_commit_failed", "partition_paused", "retried".
-	Name    string
-	Key     Key
+	// Name says what happened: EventAckFailed, EventRetried, EventReleased,
+	// EventRefused, EventDeadLettered, EventDeadLetterFailed,
+	// EventTerminated, EventBatchHandled, EventBatchFallback,
+	// EventOffsetsCommitted, EventOffsetCommitFailed or
+	// EventPartitionPaused.
+	Name string
+	// Key is the inbox key the event concerns: the message's dedup key, or
+	// the key a refused message was recorded under (the Kafka adapter's
+	// RefusedKey); zero when there is none.
+	Key Key
+	// Message is what the adapter knows of the message; for an event of a
+	// partition or a consumer group, only System, Destination, Group and
+	// Partition (-1 for several) are set.
 	Message MessageInfo
-	Err     error
-	// Count is how many messages or partitions the event covers (1 unless
-	// it says otherwise: offsets committed for several partitions).
+	// Err is why, for the events that have a cause (see each name).
+	Err error
+	// Delay is how long the adapter waits before it tries the message again
+	// (EventRetried); 0 otherwise.
+	Delay time.Duration
+	// Count is how many messages or partitions the event covers: 1 unless
+	// the name says otherwise (EventBatchHandled, EventBatchFallback,
+	// EventOffsetsCommitted).
 	Count int
 }
+
+// Names of TransportEvent. An adapter ends every message it takes in one of
+// three ways: a handling that settled it (StartHandle's done reports
+// OutcomeClaimed or OutcomeDuplicate, and the broker is acknowledged or the
+// offset moves past it), EventTerminated (given up for good, with a visible
+// record), or a hand-back to the broker (EventRetried, EventReleased, or
+// EventAckFailed, whose redelivery the inbox absorbs). The other events say
+// what happened on the way. The handling's own outcomes are not repeated as
+// events.
+const (
+	// EventAckFailed: the message's effects committed (or it was a
+	// duplicate), but its acknowledgement failed (NATS: a DoubleAck that the
+	// server did not confirm within Config.AckTimeout, or an AckSingle that
+	// could not be sent). The broker delivers
+	// it again and the inbox absorbs the copy as a duplicate, so the effect
+	// still happens once. Err is the acknowledgement's error.
+	EventAckFailed = "ack_failed"
+	// EventRetried: the message was not settled and the adapter will try it
+	// again after Delay. Why is in Err: its handler failed (the attempt is
+	// counted by the inbox, not by this event), a concurrent attempt held
+	// its key (ErrInFlight), the database failed, or its dead-letter copy
+	// could not be written. The NATS adapter naks it with Delay (Backoff,
+	// or InFlightDelay), or, when the database failed, holds it (marked in
+	// progress, so no delivery is spent) and tries again after Delay. The
+	// Kafka adapter's partition waits Delay and tries the same message
+	// again; a message whose attempt failed inside a batch is retried at
+	// once on its own (Delay 0). One event per try scheduled.
+	EventRetried = "retried"
+	// EventReleased: the runner was stopping and handed the message back to
+	// the broker for immediate redelivery (NATS: Nak without delay), either
+	// unhandled (it was buffered; Err nil) or after its transaction was
+	// rolled back (Err: the handling's error, such as the cancelled
+	// context). No attempt was counted; whatever it wrote was rolled back,
+	// unless its COMMIT raced the cancellation, in which case the
+	// redelivery is absorbed as a duplicate.
+	EventReleased = "released"
+	// EventRefused: the message can never be processed as it is, so its
+	// handler does not run: it has no usable key (Err matches ErrNoKey or
+	// ErrInvalidKey, or the adapter's own no-key error), or its key was used
+	// before with another payload (Err matches ErrConflict). The adapter
+	// gives up on it (EventTerminated), keeping it visible where it can: the
+	// Kafka adapter records it failed under its RefusedKey, and with a
+	// dead-letter destination a copy is written there; the NATS adapter
+	// without DeadLetterSubject only logs it (at error level) as it
+	// terminates it. The webhook adapter reports a
+	// delivery it refuses before any claim (not a POST, a body too large or
+	// unreadable, a missing or wrong signature, a stale timestamp, no event
+	// id) with the typed error: no key is touched, nothing is recorded, and
+	// the provider may send it again.
+	EventRefused = "refused"
+	// EventDeadLettered: a copy of the message was written to the adapter's
+	// dead-letter destination and acknowledged there (NATS:
+	// Config.DeadLetterSubject; Kafka: Config.DeadLetter). The adapter then
+	// gives up on the message (EventTerminated). Err is why it was given up.
+	EventDeadLettered = "dead_lettered"
+	// EventDeadLetterFailed: writing the dead-letter copy failed (Err). It
+	// is tried again: the Kafka adapter up to Config.DeadLetterAttempts,
+	// then the partition pauses (EventPartitionPaused); the NATS adapter
+	// naks the message (EventRetried), or at its last delivery holds it and
+	// keeps trying.
+	EventDeadLetterFailed = "dead_letter_failed"
+	// EventTerminated: the adapter gave up on the message for good: its key
+	// recorded failed in the inbox (poisoned), a copy dead-lettered, or (a
+	// refused message without a dead-letter destination) only this event
+	// and the adapter's error log. The NATS adapter
+	// terminates it (Term), so JetStream never delivers it again; the Kafka
+	// adapter lets the partition's offset move past it. Err is why
+	// (matching ErrPoisoned, ErrConflict, ErrNoKey ...; the NATS adapter
+	// joins its ErrDeadLettered when a copy was written).
+	EventTerminated = "terminated"
+	// EventBatchHandled: the Kafka adapter handed a batch of Count messages
+	// of one partition to a BatchConsumer, whose transaction claims them
+	// together. Message is the batch's first message.
+	EventBatchHandled = "batch_handled"
+	// EventBatchFallback: a batch did not settle every message (a handler
+	// failed, a key was in flight, the database failed), so the Kafka
+	// adapter handles its unsettled messages, from Message on, one
+	// transaction each, in order. Once per batch; Count is how many
+	// messages it handles one by one.
+	EventBatchFallback = "batch_fallback"
+	// EventOffsetsCommitted: the Kafka adapter committed the consumer
+	// group's offsets of Count partitions, in one request, each past
+	// messages whose effects had committed.
+	EventOffsetsCommitted = "offsets_committed"
+	// EventOffsetCommitFailed: an offset commit failed (Err). The offsets
+	// are sent again at the next interval; should the member stop first,
+	// the messages since the last commit are delivered again and absorbed
+	// as duplicates.
+	EventOffsetCommitFailed = "offset_commit_failed"
+	// EventPartitionPaused: the Kafka adapter stopped reading a partition
+	// because the dead-letter copy of Message could not be written after
+	// every try (Err). The partition's offset stays before that message,
+	// the other partitions go on, and it stays paused until it is
+	// reassigned (a rebalance or a restart).
+	EventPartitionPaused = "partition_paused"
+)
 
 type messageInfoKey struct{}
 
 // WithMessageInfo returns ctx carrying m, for the Observer: a transport
-// adapter calls it before handing a message to a Consumer.
+// adapter without a ConsumerConfig.Describe calls it before handing a
+// message to a Consumer.
 func WithMessageInfo(ctx context.Context, m MessageInfo) context.Context {
+	return withMessageInfo(ctx, &m)
+}
+
+// withMessageInfo returns ctx carrying *m, which must not change after.
+func withMessageInfo(ctx context.Context, m *MessageInfo) context.Context {
 	return context.WithValue(ctx, messageInfoKey{}, m)
 }
 
-// MessageInfoFrom returns the MessageInfo in ctx, or its zero value.
+// MessageInfoFrom returns the MessageInfo in ctx, or its zero value. A
+// handler finds its message's there when the inbox has an Observer and the
+// consumer a Describe (every transport adapter sets one), or when the
+// caller put it there with WithMessageInfo.
 func MessageInfoFrom(ctx context.Context) MessageInfo {
-	m, _ := ctx.Value(messageInfoKey{}).(MessageInfo)
-	return m
+	if m, _ := ctx.Value(messageInfoKey{}).(*MessageInfo); m != nil {
+		return *m
+	}
+	return MessageInfo{}
 }
 
 // NopObserver does nothing; embed it to implement part of Observer.

@@ -168,7 +168,7 @@ func TestObserverSeesPurgesAndEnqueues(t *testing.T) {
 	if _, err := b.inbox.Purge(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
-	ob, err := dedupe.NewOutbox(b.db.Pool, &dedupe.Config{Observer: rec})
+	ob, err := dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{Observer: rec})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,5 +190,86 @@ func TestObserverSeesPurgesAndEnqueues(t *testing.T) {
 	defer rec.mu.Unlock()
 	if len(rec.purged) != 1 || rec.enqueued != 1 {
 		t.Fatalf("purged %v, enqueued %d", rec.purged, rec.enqueued)
+	}
+}
+
+// TestHandlerFindsMessageInfo: with an Observer, the handler finds its
+// message's MessageInfo (from Describe) in its context, in transactional
+// mode and in batch mode (in the batch and in the transactions of its
+// fallback), and runs in the context the Observer returned for its own
+// message. Without an Observer, Describe is not even called.
+func TestHandlerFindsMessageInfo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	describe := func(o order) dedupe.MessageInfo {
+		return dedupe.MessageInfo{System: "test", Destination: "orders", ID: "msg-" + o.ID, Partition: -1, Offset: -1}
+	}
+	var (
+		mu  sync.Mutex
+		bad []string // what the handler found wrong
+		ran int
+	)
+	handler := func(ctx context.Context, tx pgx.Tx, o order) error {
+		mu.Lock()
+		ran++
+		if m := dedupe.MessageInfoFrom(ctx); m.ID != "msg-"+o.ID {
+			bad = append(bad, o.ID+": message id "+m.ID)
+		}
+		if mark, _ := ctx.Value(ctxMark{}).(string); mark != o.ID {
+			bad = append(bad, o.ID+": observer context of "+mark)
+		}
+		mu.Unlock()
+		if o.ID == "fails" {
+			return errors.New("fails")
+		}
+		return insertEffect(ctx, tx, o)
+	}
+	b := setup(t, dedupe.Config{Observer: &obsRecorder{}})
+	cfg := dedupe.ConsumerConfig[order]{Describe: describe}
+	if _, err := newConsumer(t, b, cfg, handler).Handle(ctx, order{ID: "t1"}); err != nil {
+		t.Fatal(err)
+	}
+	// "fails" fails its attempt; "b1", before it, is handled again.
+	res := newBatchConsumer(t, b, cfg, handler).HandleBatch(ctx, []order{{ID: "b1"}, {ID: "fails"}, {ID: "b2"}})
+	if res[0].Err != nil || res[1].Outcome != dedupe.OutcomeRetry {
+		t.Fatalf("batch results = %+v", res)
+	}
+	// A batch handler's failure makes the batch fall back to one
+	// transaction per message, each with its message's context.
+	bcfg := cfg
+	bcfg.Scope, bcfg.Key = "batches", orderKey
+	bf, err := dedupe.NewBatchConsumerFunc(b.inbox, bcfg, func(ctx context.Context, tx pgx.Tx, os []order) error {
+		if len(os) > 1 {
+			return errors.New("the whole batch fails")
+		}
+		return handler(ctx, tx, os[0])
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := bf.HandleBatch(ctx, []order{{ID: "f1"}, {ID: "f2"}}); res[0].Err != nil || res[1].Err != nil {
+		t.Fatalf("batch func results = %+v", res)
+	}
+	mu.Lock()
+	if len(bad) > 0 || ran < 6 {
+		t.Fatalf("handler ran %d times; found %v", ran, bad)
+	}
+	mu.Unlock()
+
+	// Without an Observer: no Describe, and nothing in the context.
+	quiet := setup(t)
+	cfg.Describe = func(order) dedupe.MessageInfo {
+		t.Error("Describe called without an Observer")
+		return dedupe.MessageInfo{}
+	}
+	var found dedupe.MessageInfo
+	if _, err := newConsumer(t, quiet, cfg, func(ctx context.Context, tx pgx.Tx, o order) error {
+		found = dedupe.MessageInfoFrom(ctx)
+		return insertEffect(ctx, tx, o)
+	}).Handle(ctx, order{ID: "q1"}); err != nil {
+		t.Fatal(err)
+	}
+	if found.System != "" {
+		t.Fatalf("MessageInfo without an Observer = %+v, want none", found)
 	}
 }

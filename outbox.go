@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"maps"
 	"strings"
 	"time"
@@ -15,8 +16,61 @@ import (
 	"github.com/exactlyonce/dedupe/internal/uuid"
 )
 
-// DefaultOutboxTable is the default of Config.OutboxTable.
+// DefaultOutboxTable is the default of OutboxConfig.Table.
 const DefaultOutboxTable = "dedupe_outbox"
+
+// OutboxConfig configures an Outbox. The zero value is usable: every field
+// has a default.
+type OutboxConfig struct {
+	// Schema holds the outbox table. Defaults to "" (the connection's
+	// search_path).
+	Schema string
+	// Table is the outbox table's name. Defaults to "dedupe_outbox".
+	Table string
+	// CleanupBatchSize bounds the published rows deleted per statement by a
+	// relay's retention cleanup. Defaults to 1000.
+	CleanupBatchSize int
+	// Clock is a test seam, as Config.Clock: when set, its time stands in
+	// for the database's clock in every enqueue, retry, parking and
+	// retention decision. Defaults to nil (the database's clock).
+	Clock func() time.Time
+	// Logger receives the outbox's logs, and its relays' unless
+	// RelayConfig.Logger is set. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Observer is told of every enqueue, publish and discard, and its
+	// relays' unless RelayConfig.Observer is set. Defaults to nil.
+	Observer Observer
+}
+
+// withDefaults returns a copy of c with every zero field defaulted, or a
+// *ConfigError.
+func (c OutboxConfig) withDefaults() (OutboxConfig, error) {
+	if c.Table == "" {
+		c.Table = DefaultOutboxTable
+	}
+	if c.CleanupBatchSize == 0 {
+		c.CleanupBatchSize = DefaultPurgeBatchSize
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	switch {
+	case len(c.Table) > 48:
+		return c, &ConfigError{Field: "Table", Reason: "must be at most 48 bytes (PostgreSQL truncates longer names)"}
+	case c.CleanupBatchSize < 0:
+		return c, &ConfigError{Field: "CleanupBatchSize", Reason: "must be positive"}
+	}
+	return c, nil
+}
+
+// Migration returns the migration configuration of the outbox's table: its
+// schema and table, the outbox line only.
+func (c OutboxConfig) Migration() MigrateConfig {
+	return MigrateConfig{Schema: c.Schema, OutboxTable: c.Table, Lines: []Line{LineOutbox}}
+}
+
+// now is the $1 of every statement that decides by time (see clockParam).
+func (c *OutboxConfig) now() *time.Time { return clockParam(c.Clock) }
 
 // Message is one message to publish through the transactional outbox.
 type Message struct {
@@ -63,45 +117,38 @@ type OutboxMessage struct {
 // for a Relay to publish after commit. It is safe for concurrent use.
 type Outbox struct {
 	db       DB
-	cfg      Config
+	cfg      OutboxConfig
 	table    string
 	q        outboxQueries
 	lockSeed int64
 	quiet    bool
 }
 
-// NewOutbox returns the outbox of cfg (nil for the defaults): the table
-// Config.OutboxTable in Config.Schema, created by Migrate. db is used by the
-// relay and the operator methods; Enqueue writes through the transaction it
-// is given.
+// NewOutbox returns the outbox of cfg (the zero OutboxConfig for the
+// defaults): the table OutboxConfig.Table in OutboxConfig.Schema, created by
+// Migrate. db is used by the relay and the operator methods; Enqueue writes
+// through the transaction it is given.
 //
 // Every time the outbox and its relays store or compare (enqueue and retry
 // times, backoff, parking, retention, lag) is the database's clock when the
-// statement runs, never the application's. Config.Clock, when set, replaces
-// the database's clock: a seam for tests.
-func NewOutbox(db DB, cfg *Config) (*Outbox, error) {
+// statement runs, never the application's. OutboxConfig.Clock, when set,
+// replaces the database's clock: a seam for tests.
+func NewOutbox(db DB, cfg OutboxConfig) (*Outbox, error) {
 	if db == nil {
 		return nil, &ConfigError{Field: "db", Reason: "must not be nil"}
 	}
-	return newOutbox(db, cfg)
-}
-
-func newOutbox(db DB, cfg *Config) (*Outbox, error) {
 	c, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	table := c.qualifiedTable(c.OutboxTable)
+	table := qualify(c.Schema, c.Table)
 	h := fnv.New64a()
 	h.Write([]byte(table))
 	return &Outbox{db: db, cfg: c, table: table, q: newOutboxQueries(table), lockSeed: int64(h.Sum64())}, nil
 }
 
-// defaultOutbox serves the package-level Enqueue.
-var defaultOutbox, _ = newOutbox(nil, nil)
-
 // Config returns the outbox's configuration with defaults filled in.
-func (o *Outbox) Config() Config { return o.cfg }
+func (o *Outbox) Config() OutboxConfig { return o.cfg }
 
 // WithoutNotify returns a copy of the outbox whose Enqueue sends no NOTIFY,
 // so relays find its messages by polling only (RelayConfig.PollInterval).
@@ -112,12 +159,6 @@ func (o *Outbox) WithoutNotify() *Outbox {
 	c := *o
 	c.quiet = true
 	return &c
-}
-
-// Enqueue writes msg into the default outbox (table "dedupe_outbox" on the
-// search_path) inside tx, the caller's transaction; see Outbox.Enqueue.
-func Enqueue(ctx context.Context, tx Querier, msg Message) (string, error) {
-	return defaultOutbox.Enqueue(ctx, tx, msg)
 }
 
 // Enqueue writes msg into the outbox inside tx, the caller's transaction, and

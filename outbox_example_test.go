@@ -19,11 +19,11 @@ func ExampleOutbox_Enqueue() {
 	ctx := context.Background()
 	pool, cleanup := exampleDB()
 	defer cleanup()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		panic(err)
 	}
 	_, _ = pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY)`)
-	outbox, err := dedupe.NewOutbox(pool, nil)
+	outbox, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{})
 	if err != nil {
 		panic(err)
 	}
@@ -64,10 +64,10 @@ func ExampleRelay_Run() {
 	ctx, cancel := context.WithCancel(context.Background())
 	pool, cleanup := exampleDB()
 	defer cleanup()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		panic(err)
 	}
-	outbox, _ := dedupe.NewOutbox(pool, nil)
+	outbox, _ := dedupe.NewOutbox(pool, dedupe.OutboxConfig{})
 	published := make(chan string)
 	pub := dedupe.PublishFunc(func(ctx context.Context, m *dedupe.OutboxMessage) error {
 		published <- string(m.Payload)
@@ -79,7 +79,7 @@ func ExampleRelay_Run() {
 
 	// Any transaction that commits wakes the relay through LISTEN/NOTIFY.
 	_ = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := dedupe.Enqueue(ctx, tx, dedupe.Message{Topic: "greetings", Payload: []byte("hello")})
+		_, err := outbox.Enqueue(ctx, tx, dedupe.Message{Topic: "greetings", Payload: []byte("hello")})
 		return err
 	})
 	fmt.Println(<-published)
@@ -97,10 +97,10 @@ func ExampleOutbox_Discard() {
 	ctx := context.Background()
 	pool, cleanup := exampleDB()
 	defer cleanup()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		panic(err)
 	}
-	outbox, _ := dedupe.NewOutbox(pool, &dedupe.Config{Logger: slog.New(slog.DiscardHandler)})
+	outbox, _ := dedupe.NewOutbox(pool, dedupe.OutboxConfig{Logger: slog.New(slog.DiscardHandler)})
 	_ = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		for _, p := range []string{"v1 schema", "second"} {
 			if _, err := outbox.Enqueue(ctx, tx, dedupe.Message{ID: p, Topic: "orders", Key: "o-1", Payload: []byte(p)}); err != nil {

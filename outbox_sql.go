@@ -8,7 +8,7 @@ import "strings"
 // Time. Every time a statement stores or compares is the database's
 // clock_timestamp() when the statement runs (now() would be the start of the
 // transaction), never the application's clock: the parameter named "now" is
-// NULL unless Config.Clock was set, a test seam that substitutes for the
+// NULL unless OutboxConfig.Clock was set, a test seam that substitutes for the
 // database's clock. Durations travel as seconds (float8).
 //
 // Per-key order. Rows are ordered by id, and the relay publishes the rows of
@@ -32,7 +32,7 @@ import "strings"
 // the pending rows (published_at IS NULL) when the broker confirmed it or an
 // operator discarded it (discarded_at is set too).
 
-// sqlNow is the statement's "now": the parameter when set (Config.Clock, a
+// sqlNow is the statement's "now": the parameter when set (OutboxConfig.Clock, a
 // test seam), else the database's clock when the statement runs.
 func sqlNow(param string) string {
 	return "coalesce(" + param + "::timestamptz, clock_timestamp())"

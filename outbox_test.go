@@ -99,7 +99,7 @@ type outboxBundle struct {
 func setupOutbox(t *testing.T) *outboxBundle {
 	t.Helper()
 	b := setup(t)
-	ob, err := dedupe.NewOutbox(b.db.Pool, &dedupe.Config{Clock: b.clock.Now, Logger: testLogger(t)})
+	ob, err := dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{Clock: b.clock.Now, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -258,7 +258,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			return fmt.Errorf("dedupe: relay: %w", err)
 		case err != nil:
 			pause = r.nextPause(pause)
-			wait = jitter(pause)
+			wait = r.jitter(pause)
 			r.cfg.Logger.WarnContext(ctx, "dedupe: outbox relay cycle failed", "err", err, "retry_in", wait)
 		case res.claimed >= r.cfg.BatchSize || res.more:
 			pause = 0

@@ -8,12 +8,12 @@ import "context"
 func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
 	var total int64
 	for {
-		tag, err := r.ob.db.Exec(ctx, r.ob.q.cleanup, r.ob.dbNow(), seconds(r.cfg.Retention), r.ob.cfg.PurgeBatchSize)
+		tag, err := r.ob.db.Exec(ctx, r.ob.q.cleanup, r.ob.dbNow(), seconds(r.cfg.Retention), r.ob.cfg.CleanupBatchSize)
 		if err != nil {
 			return total, translate(err)
 		}
 		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(r.ob.cfg.PurgeBatchSize) {
+		if tag.RowsAffected() < int64(r.ob.cfg.CleanupBatchSize) {
 			return total, nil
 		}
 	}

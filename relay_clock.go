@@ -4,11 +4,11 @@ import "time"
 
 // The outbox and its relay take every time they store or compare from the
 // database (clock_timestamp() when the statement runs; see outbox_sql.go).
-// Config.Clock is only a test seam that substitutes for the database's clock
+// OutboxConfig.Clock is only a test seam that substitutes for the database's clock
 // when the caller set it.
 
 // dbNow is the "now" parameter of the outbox's statements: nil (SQL then
-// takes the database's clock) unless the caller set Config.Clock.
+// takes the database's clock) unless the caller set OutboxConfig.Clock.
 func (o *Outbox) dbNow() *time.Time { return o.cfg.now() }
 
 // seconds passes a duration to SQL as seconds.

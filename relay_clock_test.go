@@ -32,7 +32,7 @@ func TestRelayDecisionsIgnoreASkewedApplicationClock(t *testing.T) {
 			t.Parallel()
 			b := setupOutbox(t)
 			ctx := context.Background()
-			writer, _ := dedupe.NewOutbox(b.db.Pool, nil) // a process with a good clock
+			writer, _ := dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{}) // a process with a good clock
 			b.outbox = writer
 			ids := b.enqueue(t, dedupe.Message{Topic: "t", Key: "a", Payload: []byte("retry")},
 				dedupe.Message{Topic: "t", Payload: []byte("first")})
@@ -53,7 +53,7 @@ func TestRelayDecisionsIgnoreASkewedApplicationClock(t *testing.T) {
 					}
 					return n
 				}
-				ob, err := dedupe.NewOutbox(pool, nil)
+				ob, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{})
 				if err != nil {
 					t.Fatal(err)
 				}

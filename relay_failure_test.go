@@ -81,7 +81,7 @@ func TestRelayLoneFailingMessageCountsItsAttemptsAndParks(t *testing.T) {
 func TestRelayLoneFailureDoesNotPauseTheRelay(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
-	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, nil)
+	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{})
 	rec := newRecorder()
 	rec.setFail(func(m *dedupe.OutboxMessage) error {
 		if m.Topic == "nowhere" {

@@ -25,7 +25,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 		}
 		pause = r.nextPause(pause)
 		r.cfg.Logger.WarnContext(ctx, "dedupe: outbox relay LISTEN failed; polling meanwhile", "err", err, "retry_in", pause)
-		t := time.NewTimer(jitter(pause))
+		t := time.NewTimer(r.jitter(pause))
 		select {
 		case <-ctx.Done():
 		case <-t.C:

@@ -26,7 +26,7 @@ func TestRelayManyRelaysKeepKeyOrderAroundAParkedHead(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
 	ctx := context.Background()
-	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, &dedupe.Config{Logger: testLogger(t)})
+	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{Logger: testLogger(t)})
 	rec := newRecorder()
 	rec.delay = time.Millisecond
 	var failedOnce sync.Map

@@ -43,7 +43,7 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, confirmed []*OutboxMessag
 	)
 	for i, f := range failures {
 		ids[i], errs[i] = f.msg.Seq, f.err.Error()
-		delays[i] = seconds(jitter(r.backoff(f.msg.Attempt)))
+		delays[i] = seconds(r.backoff(f.msg.Attempt))
 		rec.parked[i] = IsPermanent(f.err) || (r.cfg.MaxAttempts > 0 && f.msg.Attempt >= r.cfg.MaxAttempts)
 	}
 	if _, err := tx.Exec(ctx, r.ob.q.recordFailures, ids, errs, delays, rec.parked, now); err != nil {

@@ -37,7 +37,7 @@ func TestRelayTwoRelaysOrderedExactlyOnce(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
 	ctx := context.Background()
-	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, nil) // real clock: Run polls in real time
+	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{}) // real clock: Run polls in real time
 	rec := newRecorder()
 	rec.delay = time.Millisecond
 	cfg := dedupe.RelayConfig{BatchSize: 7, PollInterval: 20 * time.Millisecond}
@@ -223,7 +223,7 @@ func TestRelayPermanentErrorParksAtOnce(t *testing.T) {
 func TestRelayBrokerDownMessagesWait(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
-	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, nil)
+	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{})
 	rec := newRecorder()
 	var down atomic.Bool
 	down.Store(true)
@@ -271,7 +271,7 @@ func TestRelayBrokerDownMessagesWait(t *testing.T) {
 func TestRelayListenNotifyWakesAndSurvivesKilledConnection(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
-	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, nil)
+	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{})
 	rec := newRecorder()
 	pcfg, err := pgxpool.ParseConfig(b.db.URL)
 	if err != nil {
@@ -308,7 +308,7 @@ func TestRelayListenNotifyWakesAndSurvivesKilledConnection(t *testing.T) {
 func TestRelayPollingFallbackAndHooks(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
-	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, nil)
+	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{})
 	rec := newRecorder()
 	rec.setFail(func(m *dedupe.OutboxMessage) error {
 		if string(m.Payload) == "fail" {
@@ -358,7 +358,7 @@ func TestRelayKilledAfterPublishBeforeMark(t *testing.T) {
 	b := setupOutbox(t)
 	app := "relay-kill-" + b.db.Schema
 	pool := b.db.AppPool(t, app, 2)
-	ob, err := dedupe.NewOutbox(pool, &dedupe.Config{Clock: b.clock.Now})
+	ob, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{Clock: b.clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -412,7 +412,7 @@ func TestRelayKilledAfterPublishBeforeMark(t *testing.T) {
 func TestRelayGracefulShutdownFinishesTheBatch(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
-	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, nil)
+	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{})
 	rec := newRecorder()
 	entered, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
@@ -470,7 +470,7 @@ func TestRelayCleanupKeepsRetention(t *testing.T) {
 func TestRelayWithoutNotifyWaitsForThePoll(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
-	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, nil)
+	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{})
 	quiet := b.outbox.WithoutNotify()
 	rec := newRecorder()
 	runRelay(t, b.relay(t, rec, dedupe.RelayConfig{PollInterval: time.Minute}))
@@ -549,7 +549,7 @@ func TestRelayStartsOnAKilledConnection(t *testing.T) {
 	for _, pid := range b.db.BackendPIDs(t, app) {
 		b.db.Terminate(t, pid)
 	}
-	ob, err := dedupe.NewOutbox(pool, nil)
+	ob, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -572,10 +572,10 @@ func TestRelayStartsOnAKilledConnection(t *testing.T) {
 func TestRelayRunWithoutOutboxTableIsNotMigrated(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
-	if err := dedupe.Migrate(context.Background(), db.Pool, nil, dedupe.LineInbox); err != nil {
+	if err := dedupe.Migrate(context.Background(), db.Pool, dedupe.MigrateConfig{Lines: []dedupe.Line{dedupe.LineInbox}}); err != nil {
 		t.Fatal(err)
 	}
-	ob, err := dedupe.NewOutbox(db.Pool, nil)
+	ob, err := dedupe.NewOutbox(db.Pool, dedupe.OutboxConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

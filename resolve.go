@@ -45,7 +45,8 @@ func (i *Inbox) probe(ctx context.Context, key Key, token int64) (State, bool, e
 	defer cancel()
 	opts := pgx.TxOptions{BeginQuery: fmt.Sprintf("BEGIN; SET LOCAL lock_timeout = %d", resolveTimeout.Milliseconds())}
 	var err error
-	for backoff := 10 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+	policy := Backoff{Min: 10 * time.Millisecond, Max: time.Second}
+	for backoff := policy.Min; ; backoff = policy.Next(backoff) {
 		var (
 			state State
 			ours  bool

@@ -67,7 +67,7 @@ func runsUpdate(ev pgproxy.Event) bool {
 func newInbox(t *testing.T, db dedupe.DB, b *bundle) *dedupe.Inbox {
 	t.Helper()
 	c := b.inbox.Config()
-	inbox, err := dedupe.New(db, &c)
+	inbox, err := dedupe.New(db, c)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,13 +57,13 @@ func New(t testing.TB, opts Options) *Env {
 		e.cfg.Clock = e.Clock.Now
 	}
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, e.Pool, &e.cfg); err != nil {
+	if err := dedupe.Migrate(ctx, e.Pool, dedupe.MigrateConfig{Schema: e.cfg.Schema, InboxTable: e.cfg.Table}); err != nil {
 		t.Fatalf("dedupetest: migrate: %v", err)
 	}
 	for _, q := range opts.Setup {
 		e.Exec(t, q)
 	}
-	inbox, err := dedupe.New(e.Pool, &e.cfg)
+	inbox, err := dedupe.New(e.Pool, e.cfg)
 	if err != nil {
 		t.Fatalf("dedupetest: inbox: %v", err)
 	}

@@ -59,7 +59,7 @@ func (e *Env) Faulty(t testing.TB) *Faulty {
 	}
 	f.Pool = newPool(t, u, 0)
 	cfg := e.cfg
-	if f.Inbox, err = dedupe.New(f.Pool, &cfg); err != nil {
+	if f.Inbox, err = dedupe.New(f.Pool, cfg); err != nil {
 		t.Fatalf("dedupetest: inbox: %v", err)
 	}
 	return f

@@ -6,6 +6,8 @@ replace github.com/exactlyonce/dedupe => ..
 
 replace github.com/exactlyonce/dedupe/adapters/nats => ../adapters/nats
 
+replace github.com/exactlyonce/dedupe/dedupetest => ../dedupetest
+
 replace github.com/exactlyonce/dedupe/adapters/kafka => ../adapters/kafka
 
 replace github.com/exactlyonce/dedupe/internal/natstest => ../internal/natstest
@@ -16,11 +18,13 @@ require (
 	github.com/exactlyonce/dedupe v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/adapters/kafka v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/adapters/nats v0.0.0-00010101000000-000000000000
+	github.com/exactlyonce/dedupe/dedupetest v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/internal/kafkatest v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/internal/natstest v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/otel v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/otel/otelsetup v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.13.0
+	github.com/nats-io/nats-server/v2 v2.15.3
 	github.com/nats-io/nats.go v1.56.0
 	github.com/nats-io/nuid v1.0.1
 	github.com/segmentio/kafka-go v0.4.51
@@ -76,7 +80,6 @@ require (
 	github.com/moby/term v0.5.2 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.3 // indirect
-	github.com/nats-io/nats-server/v2 v2.15.3 // indirect
 	github.com/nats-io/nkeys v0.4.17 // indirect
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect

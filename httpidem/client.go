@@ -7,12 +7,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/exactlyonce/dedupe"
 )
 
 // Defaults of TransportConfig.
@@ -37,8 +38,8 @@ type TransportConfig struct {
 	// (the first try included). Defaults to 5.
 	MaxAttempts int
 	// InitialBackoff is the wait before the second attempt; it doubles with
-	// each further attempt up to MaxBackoff, and each wait is jittered to
-	// between half and all of it. Defaults to 100ms.
+	// each further attempt up to MaxBackoff (dedupe.Backoff), and each wait
+	// is jittered to between half and all of it. Defaults to 100ms.
 	InitialBackoff time.Duration
 	// MaxBackoff caps the backoff. Defaults to 10s.
 	MaxBackoff time.Duration
@@ -76,12 +77,10 @@ type Transport struct {
 	cfg TransportConfig
 }
 
-// NewTransport returns a Transport. cfg may be nil for the defaults.
-func NewTransport(cfg *TransportConfig) (*Transport, error) {
-	var c TransportConfig
-	if cfg != nil {
-		c = *cfg
-	}
+// NewTransport returns a Transport; the zero TransportConfig is the
+// defaults.
+func NewTransport(cfg TransportConfig) (*Transport, error) {
+	c := cfg
 	if c.Base == nil {
 		c.Base = http.DefaultTransport
 	}
@@ -118,19 +117,19 @@ func NewTransport(cfg *TransportConfig) (*Transport, error) {
 	}
 	switch {
 	case c.MaxAttempts < 1:
-		return nil, &ConfigError{Field: "MaxAttempts", Reason: "must be at least 1"}
+		return nil, &dedupe.ConfigError{Field: "MaxAttempts", Reason: "must be at least 1"}
 	case c.InitialBackoff < 0 || c.MaxBackoff < 0 || c.MaxRetryAfter < 0:
-		return nil, &ConfigError{Field: "InitialBackoff/MaxBackoff/MaxRetryAfter", Reason: "must not be negative"}
+		return nil, &dedupe.ConfigError{Field: "InitialBackoff/MaxBackoff/MaxRetryAfter", Reason: "must not be negative"}
 	case c.MaxBackoff < c.InitialBackoff:
-		return nil, &ConfigError{Field: "MaxBackoff", Reason: "must be at least InitialBackoff"}
+		return nil, &dedupe.ConfigError{Field: "MaxBackoff", Reason: "must be at least InitialBackoff"}
 	case strings.EqualFold(c.Header, c.RequestIDHeader):
-		return nil, &ConfigError{Field: "RequestIDHeader", Reason: "must differ from Header: a per-attempt id is not an idempotency key"}
+		return nil, &dedupe.ConfigError{Field: "RequestIDHeader", Reason: "must differ from Header: a per-attempt id is not an idempotency key"}
 	}
 	return &Transport{cfg: c}, nil
 }
 
 // NewClient returns an *http.Client using a Transport built from cfg.
-func NewClient(cfg *TransportConfig) (*http.Client, error) {
+func NewClient(cfg TransportConfig) (*http.Client, error) {
 	t, err := NewTransport(cfg)
 	if err != nil {
 		return nil, err
@@ -268,16 +267,7 @@ func retryStatus(resp *http.Response) bool {
 
 // backoff is the jittered exponential wait after attempt (1-based).
 func (t *Transport) backoff(attempt int) time.Duration {
-	d := t.cfg.InitialBackoff
-	for i := 1; i < attempt && d < t.cfg.MaxBackoff; i++ {
-		d *= 2
-	}
-	d = min(d, t.cfg.MaxBackoff)
-	if d <= 1 {
-		return d
-	}
-	half := d / 2
-	return half + rand.N(d-half+1)
+	return dedupe.Backoff{Min: t.cfg.InitialBackoff, Max: t.cfg.MaxBackoff, Jitter: 0.5}.Delay(attempt)
 }
 
 // parseRetryAfter reads a Retry-After of delay-seconds or an HTTP-date.

@@ -29,7 +29,7 @@ func TestParseRetryAfter(t *testing.T) {
 }
 
 func TestBackoffGrowsWithJitterAndCap(t *testing.T) {
-	tr, err := NewTransport(&TransportConfig{InitialBackoff: 100 * time.Millisecond, MaxBackoff: time.Second})
+	tr, err := NewTransport(TransportConfig{InitialBackoff: 100 * time.Millisecond, MaxBackoff: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

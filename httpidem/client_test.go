@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/httpidem"
 )
 
@@ -81,7 +82,7 @@ func serveAttempts(t *testing.T, cfg httpidem.TransportConfig, answer func(n int
 	if cfg.MaxBackoff == 0 {
 		cfg.MaxBackoff = 20 * time.Millisecond
 	}
-	c, err := httpidem.NewClient(&cfg)
+	c, err := httpidem.NewClient(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +317,7 @@ func TestTransportConfigValidation(t *testing.T) {
 		{InitialBackoff: time.Second, MaxBackoff: time.Millisecond},
 		{RequestIDHeader: "idempotency-key"},
 	} {
-		if _, err := httpidem.NewTransport(&cfg); !errors.Is(err, httpidem.ErrInvalidConfig) {
+		if _, err := httpidem.NewTransport(cfg); !errors.Is(err, dedupe.ErrInvalidConfig) {
 			t.Errorf("NewTransport(%+v) = %v, want ErrInvalidConfig", cfg, err)
 		}
 	}

@@ -190,11 +190,8 @@ var unstorableHeaders = map[string]string{
 	"Upgrade":             "hop-by-hop header",
 }
 
-func (c *Config) withDefaults() (Config, error) {
-	var out Config
-	if c != nil {
-		out = *c
-	}
+func (c Config) withDefaults() (Config, error) {
+	out := c
 	if out.Inbox.Table == "" {
 		out.Inbox.Table = DefaultTable
 	}
@@ -243,10 +240,10 @@ func (c *Config) withDefaults() (Config, error) {
 	for i, h := range out.StoredHeaders {
 		stored[i] = http.CanonicalHeaderKey(strings.TrimSpace(h))
 		if reason, bad := unstorableHeaders[stored[i]]; bad {
-			return out, &ConfigError{Field: "StoredHeaders", Reason: stored[i] + " must not be stored: " + reason}
+			return out, &dedupe.ConfigError{Field: "StoredHeaders", Reason: stored[i] + " must not be stored: " + reason}
 		}
 		if stored[i] == "" {
-			return out, &ConfigError{Field: "StoredHeaders", Reason: "holds an empty name"}
+			return out, &dedupe.ConfigError{Field: "StoredHeaders", Reason: "holds an empty name"}
 		}
 	}
 	out.StoredHeaders = stored
@@ -258,19 +255,19 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	switch {
 	case out.MaxRequestBytes < 0:
-		return out, &ConfigError{Field: "MaxRequestBytes", Reason: "must be positive"}
+		return out, &dedupe.ConfigError{Field: "MaxRequestBytes", Reason: "must be positive"}
 	case out.MaxResponseBytes < 0:
-		return out, &ConfigError{Field: "MaxResponseBytes", Reason: "must be positive"}
+		return out, &dedupe.ConfigError{Field: "MaxResponseBytes", Reason: "must be positive"}
 	case out.Oversize != OversizeRefuse && out.Oversize != OversizeStoreHead:
-		return out, &ConfigError{Field: "Oversize", Reason: "unknown policy"}
+		return out, &dedupe.ConfigError{Field: "Oversize", Reason: "unknown policy"}
 	case out.ServerErrors != StoreServerErrors && out.ServerErrors != RetryServerErrors:
-		return out, &ConfigError{Field: "ServerErrors", Reason: "unknown policy"}
+		return out, &dedupe.ConfigError{Field: "ServerErrors", Reason: "unknown policy"}
 	case out.Mode != Transactional && out.Mode != Leased:
-		return out, &ConfigError{Field: "Mode", Reason: "unknown mode"}
+		return out, &dedupe.ConfigError{Field: "Mode", Reason: "unknown mode"}
 	case out.LockTimeout < 0:
-		return out, &ConfigError{Field: "LockTimeout", Reason: "must be positive"}
+		return out, &dedupe.ConfigError{Field: "LockTimeout", Reason: "must be positive"}
 	case out.Mode == Transactional && out.TxOptions.AccessMode == pgx.ReadOnly:
-		return out, &ConfigError{Field: "TxOptions", Reason: "read-only in transactional mode, where the claim is written in the request transaction"}
+		return out, &dedupe.ConfigError{Field: "TxOptions", Reason: "read-only in transactional mode, where the claim is written in the request transaction"}
 	}
 	return out, nil
 }

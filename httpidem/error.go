@@ -73,8 +73,6 @@ var (
 	ErrPreconditionFailed = errors.New("httpidem: If-Match does not match the current version")
 	// ErrNotFound (404): the versioned row does not exist.
 	ErrNotFound = errors.New("httpidem: not found")
-	// ErrInvalidConfig is matched by every *ConfigError.
-	ErrInvalidConfig = errors.New("httpidem: invalid config")
 
 	// ErrGaveUp is matched by every *GiveUpError: the retrying client used
 	// up its attempts.
@@ -180,26 +178,12 @@ func WriteError(w http.ResponseWriter, _ *http.Request, err error) {
 		p.Detail = err.Error()
 	}
 	body, _ := json.Marshal(p)
+	body = append(body, '\n') // as json.Encoder ends a document: a terminal shows the next prompt on its own line
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
 }
-
-// ConfigError reports an invalid configuration field. It matches
-// ErrInvalidConfig.
-type ConfigError struct {
-	Field  string
-	Reason string
-}
-
-// Error implements the error interface.
-func (e *ConfigError) Error() string {
-	return fmt.Sprintf("httpidem: invalid config: %s: %s", e.Field, e.Reason)
-}
-
-// Unwrap returns ErrInvalidConfig.
-func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
 
 // GiveUpError is returned by the retrying Transport when every attempt of an
 // operation failed without a response. It matches ErrGaveUp and unwraps to

@@ -129,7 +129,7 @@ type Versioned struct {
 // NewVersioned returns a Versioned for cfg.
 func NewVersioned(cfg VersionedConfig) (*Versioned, error) {
 	if cfg.Table == "" {
-		return nil, &ConfigError{Field: "Table", Reason: "is required"}
+		return nil, &dedupe.ConfigError{Field: "Table", Reason: "is required"}
 	}
 	if len(cfg.KeyColumns) == 0 {
 		cfg.KeyColumns = []string{"id"}

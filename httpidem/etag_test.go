@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/httpidem"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 )
@@ -128,7 +129,7 @@ func TestIfMatchHelpers(t *testing.T) {
 	if httpidem.NotModified(w, r, 4) || w.Header().Get("ETag") != `"4"` {
 		t.Errorf("If-None-Match stale reported not modified")
 	}
-	if _, err := httpidem.NewVersioned(httpidem.VersionedConfig{}); !errors.Is(err, httpidem.ErrInvalidConfig) {
+	if _, err := httpidem.NewVersioned(httpidem.VersionedConfig{}); !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Errorf("NewVersioned without table: %v", err)
 	}
 }

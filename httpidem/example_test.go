@@ -24,7 +24,7 @@ func ExampleMiddleware() {
 		return
 	}
 	defer pool.Close()
-	idem, err := httpidem.New(pool, &httpidem.Config{
+	idem, err := httpidem.New(pool, httpidem.Config{
 		KeyRequired: true,
 		// The tenant set by the authentication middleware, which runs first.
 		Tenant: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant-ID"), nil },
@@ -107,7 +107,7 @@ func ExamplePostJSON() {
 	base := &http.Transport{}
 	defer base.CloseIdleConnections()
 
-	client, err := httpidem.NewClient(&httpidem.TransportConfig{Base: base, MaxAttempts: 3, InitialBackoff: 10 * time.Millisecond})
+	client, err := httpidem.NewClient(httpidem.TransportConfig{Base: base, MaxAttempts: 3, InitialBackoff: 10 * time.Millisecond})
 	if err != nil {
 		fmt.Println(err)
 		return

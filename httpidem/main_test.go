@@ -84,7 +84,7 @@ func setup(t testing.TB, cfg ...httpidem.Config) *bundle {
 	if c.Tenant == nil {
 		c.Tenant = func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant-ID"), nil }
 	}
-	mw, err := httpidem.New(db.Pool, &c)
+	mw, err := httpidem.New(db.Pool, c)
 	if err != nil {
 		t.Fatalf("new middleware: %v", err)
 	}
@@ -292,7 +292,7 @@ func (b *bundle) viaProxy(t *testing.T, policy pgproxy.Policy, cfg httpidem.Conf
 	if cfg.Tenant == nil {
 		cfg.Tenant = func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant-ID"), nil }
 	}
-	mw, err := httpidem.New(pool, &cfg)
+	mw, err := httpidem.New(pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -64,17 +64,17 @@ type Middleware struct {
 }
 
 // New returns a Middleware storing its keys through db (a *pgxpool.Pool).
-// cfg may be nil for the defaults. New does not touch the database; call
+// The zero Config is the defaults. New does not touch the database; call
 // Migrate once before serving.
-func New(db dedupe.DB, cfg *Config) (*Middleware, error) {
+func New(db dedupe.DB, cfg Config) (*Middleware, error) {
 	if db == nil {
-		return nil, &ConfigError{Field: "db", Reason: "must not be nil"}
+		return nil, &dedupe.ConfigError{Field: "db", Reason: "must not be nil"}
 	}
 	c, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	inbox, err := dedupe.New(db, &c.Inbox)
+	inbox, err := dedupe.New(db, c.Inbox)
 	if err != nil {
 		return nil, fmt.Errorf("httpidem: %w", err)
 	}
@@ -86,7 +86,7 @@ func New(db dedupe.DB, cfg *Config) (*Middleware, error) {
 // Migrate creates or upgrades the key table (Config.Inbox). It is
 // idempotent and safe to run from many processes at once.
 func (m *Middleware) Migrate(ctx context.Context) error {
-	return dedupe.Migrate(ctx, m.db, &m.cfg.Inbox, dedupe.LineInbox)
+	return dedupe.Migrate(ctx, m.db, m.cfg.Inbox.Migration())
 }
 
 // Inbox returns the inbox holding the keys, for operators (Lookup, Release,
@@ -152,12 +152,19 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	key := dedupe.Key{Scope: tenant, ID: id, Fingerprint: m.cfg.Fingerprint(r, body)}
-	ctx, done := m.observe(r.Context(), r, key)
+	ctx, observed := m.observe(r.Context(), r, key)
 	r = r.WithContext(ctx)
 	var (
-		claim *dedupe.Claim
-		tx    pgx.Tx
+		claim    *dedupe.Claim
+		tx       pgx.Tx
+		reported bool
 	)
+	done := func(c *dedupe.Claim, err error) { reported = true; observed(c, err) }
+	defer func() {
+		if !reported { // a panic (an ErrorHandler's, say) before the request was settled
+			observed(claim, errPanicBeforeSettled)
+		}
+	}()
 	if m.mode == Transactional {
 		tx, claim, err = m.claimTx(r.Context(), key)
 	} else {
@@ -198,6 +205,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.refuse(w, r, newError(http.StatusUnprocessableEntity, ErrKeyFailed, "", nil))
 	}
 }
+
+// errPanicBeforeSettled is what the Observer is told of a request whose
+// serving panicked before its claim was settled.
+var errPanicBeforeSettled = errors.New("httpidem: panic before the request was settled")
 
 // keyOf returns the request's key, "" when it has none on an optional route,
 // or an *Error.

@@ -502,11 +502,11 @@ func TestConfigValidation(t *testing.T) {
 		{StoredHeaders: []string{""}},
 		{TxOptions: pgx.TxOptions{AccessMode: pgx.ReadOnly}},
 	} {
-		if _, err := httpidem.New(b.db.Pool, &cfg); err == nil {
+		if _, err := httpidem.New(b.db.Pool, cfg); err == nil {
 			t.Errorf("New(%+v) accepted an invalid config", cfg)
 		}
 	}
-	if _, err := httpidem.New(nil, nil); !errors.Is(err, httpidem.ErrInvalidConfig) {
+	if _, err := httpidem.New(nil, httpidem.Config{}); !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Errorf("New(nil) = %v, want ErrInvalidConfig", err)
 	}
 	got := b.mw.Config()
@@ -759,7 +759,7 @@ func TestHotPathCost(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
 			db := &countingDB{DB: b.db.Pool}
-			mw, err := httpidem.New(db, &httpidem.Config{
+			mw, err := httpidem.New(db, httpidem.Config{
 				Mode:   tc.mode,
 				Inbox:  dedupe.Config{Clock: b.clock.Now},
 				Tenant: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant-ID"), nil },

@@ -26,11 +26,17 @@ func messageInfo(r *http.Request, id string) dedupe.MessageInfo {
 // In leased mode the core observes (Begin, then Complete or Fail), so it
 // only puts the request's MessageInfo in the context; in transactional mode,
 // where the claim is a statement of the request's transaction, the
-// middleware reports the handling itself: done is called once, with the
-// claim's outcome and the error that settled it.
+// middleware reports the handling itself, as the core reports a leased one:
+// done is called once, with the claim and, when the key was not settled
+// with a stored answer (released for a retry, or its commit's outcome
+// unknown), the reason. A claim with such an error is reported as
+// OutcomeRetry (or OutcomeUnknown); an error answer stored as the key's final
+// answer is a claimed handling without error, as Complete reports it.
 func (m *Middleware) observe(ctx context.Context, r *http.Request, key dedupe.Key) (context.Context, func(*dedupe.Claim, error)) {
 	obs := m.cfg.Inbox.Observer
-	if obs == nil {
+	if obs == nil || key.Validate() != nil {
+		// An invalid key (a tenant the inbox refuses) is answered before any
+		// claim, as the core's Begin refuses it before observing.
 		return ctx, func(*dedupe.Claim, error) {}
 	}
 	info := messageInfo(r, key.ID)
@@ -44,8 +50,13 @@ func (m *Middleware) observe(ctx context.Context, r *http.Request, key dedupe.Ke
 		switch {
 		case c != nil:
 			d.Outcome, d.Attempt = c.Outcome, c.Attempt
-			if d.Err == nil {
+			switch {
+			case d.Err == nil:
 				d.Err = c.Outcome.Err()
+			case c.Outcome == dedupe.OutcomeClaimed && errors.Is(d.Err, dedupe.ErrOutcomeUnknown):
+				d.Outcome = dedupe.OutcomeUnknown
+			case c.Outcome == dedupe.OutcomeClaimed:
+				d.Outcome = dedupe.OutcomeRetry
 			}
 		case errors.Is(err, dedupe.ErrInFlight):
 			d.Outcome = dedupe.OutcomeInFlight

@@ -42,7 +42,7 @@ type settlement struct {
 	status        txState
 	transactional bool // the claim is in tx
 	log           *slog.Logger
-	err           error // what the claim was settled with, for the Observer
+	err           error // for the Observer: why the key was not settled with a stored answer (nil when it was)
 }
 
 func (m *Middleware) newSettlement(rctx context.Context, claim *dedupe.Claim, g *guardedTx) *settlement {
@@ -121,7 +121,6 @@ func (s *settlement) commitWith(store func() error) error {
 // either way.
 func (s *settlement) serverError(w http.ResponseWriter, rec *recorder, cause error, canceled bool) {
 	m := s.m
-	s.err = cause
 	if canceled || m.cfg.ServerErrors == RetryServerErrors {
 		s.abandon(cause)
 		rec.writeTo(w)
@@ -145,6 +144,7 @@ func (s *settlement) serverError(w http.ResponseWriter, rec *recorder, cause err
 			s.releaseLeased(cause)
 		}
 	}
+	s.err = err // nil: the error answer is stored as the key's final answer
 	switch {
 	case err == nil:
 	case errors.Is(err, dedupe.ErrOutcomeUnknown):
@@ -183,9 +183,11 @@ func (s *settlement) ended(w http.ResponseWriter, r *http.Request) {
 	committed, err := m.inbox.Resolve(s.ctx, s.claim)
 	switch {
 	case err != nil:
+		s.err = err // matches dedupe.ErrOutcomeUnknown
 		s.log.ErrorContext(s.ctx, "httpidem: the request transaction ended and whether it committed could not be learnt", "err", err)
 		m.refuse(w, r, &Error{Status: http.StatusServiceUnavailable, Err: ErrOutcomeUnknown, Cause: err, RetryAfter: 1})
 	case committed:
+		s.err = nil // settled: the key holds the 500 from now on
 		s.log.ErrorContext(s.ctx, "httpidem: the handler committed the request transaction itself; the key answers 500 from now on")
 		rec := newRecorder(context.Background(), m.cfg.MaxResponseBytes, false)
 		WriteError(rec, r, endedErr)

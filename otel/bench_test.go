@@ -32,7 +32,7 @@ func sdkObserver(b *testing.B) *dedupeotel.Observer {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(discard{}), sdktrace.WithSampler(sdktrace.AlwaysSample()))
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	b.Cleanup(func() { _ = tp.Shutdown(context.Background()); _ = mp.Shutdown(context.Background()) })
-	obs, err := dedupeotel.New(&dedupeotel.Config{TracerProvider: tp, MeterProvider: mp})
+	obs, err := dedupeotel.New(dedupeotel.Config{TracerProvider: tp, MeterProvider: mp})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func BenchmarkObserver(b *testing.B) {
 	info := dedupe.HandleInfo{Key: dedupe.Key{Scope: "billing", ID: "order-1"}, Mode: "transactional",
 		Message: dedupe.MessageInfo{System: "nats", Destination: "orders.created", ID: "m-1", Group: "billing",
 			Partition: -1, Offset: -1, Delivery: 1, Headers: headers}}
-	noop, err := dedupeotel.New(nil)
+	noop, err := dedupeotel.New(dedupeotel.Config{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -86,13 +86,13 @@ func BenchmarkObserver(b *testing.B) {
 func BenchmarkConsumerHandle(b *testing.B) {
 	db := dbtest.New(b)
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, db.Pool, dedupe.MigrateConfig{}); err != nil {
 		b.Fatal(err)
 	}
 	db.Exec(b, `CREATE TABLE effects (id bigserial PRIMARY KEY, msg_key text NOT NULL)`)
 	headers := traceHeaders()
 	consumer := func(obs dedupe.Observer) *dedupe.Consumer[delivery] {
-		inbox, err := dedupe.New(db.Pool, &dedupe.Config{Observer: obs})
+		inbox, err := dedupe.New(db.Pool, dedupe.Config{Observer: obs})
 		if err != nil {
 			b.Fatal(err)
 		}

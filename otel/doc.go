@@ -1,8 +1,8 @@
 // Package dedupeotel reports what dedupe does as OpenTelemetry spans and
 // metrics: an implementation of dedupe.Observer.
 //
-//	obs, err := dedupeotel.New(nil) // the global providers and propagator
-//	inbox, err := dedupe.New(pool, &dedupe.Config{Observer: obs})
+//	obs, err := dedupeotel.New(dedupeotel.Config{}) // the global providers and propagator
+//	inbox, err := dedupe.New(pool, dedupe.Config{Observer: obs})
 //	stop, err := obs.ObserveStats(inbox, outbox) // the gauges
 //
 // # Dependencies

@@ -35,7 +35,7 @@ func setup(t testing.TB, cfg *dedupe.Config) *env {
 	t.Helper()
 	e := &env{Tel: oteltest.New(t, &dedupeotel.Config{OutboxSystem: "test"}), db: dbtest.New(t)}
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, e.db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, e.db.Pool, dedupe.MigrateConfig{}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	e.db.Exec(t, `CREATE TABLE effects (id bigserial PRIMARY KEY, msg_key text NOT NULL)`)
@@ -46,10 +46,10 @@ func setup(t testing.TB, cfg *dedupe.Config) *env {
 	c.Observer = e.Obs
 	c.Logger = dbtest.Logger(t)
 	var err error
-	if e.inbox, err = dedupe.New(e.db.Pool, &c); err != nil {
+	if e.inbox, err = dedupe.New(e.db.Pool, c); err != nil {
 		t.Fatal(err)
 	}
-	if e.outbox, err = dedupe.NewOutbox(e.db.Pool, &c); err != nil {
+	if e.outbox, err = dedupe.NewOutbox(e.db.Pool, dedupe.OutboxConfig{Schema: c.Schema, Clock: c.Clock, Logger: c.Logger, Observer: c.Observer}); err != nil {
 		t.Fatal(err)
 	}
 	return e

@@ -18,7 +18,7 @@ import (
 // ScopeName is the instrumentation scope of the spans and metrics.
 const ScopeName = "github.com/exactlyonce/dedupe/otel"
 
-// Config configures an Observer. The zero value (or nil) is usable.
+// Config configures an Observer. The zero value is usable.
 type Config struct {
 	// TracerProvider makes the spans. Defaults to the global one
 	// (otel.GetTracerProvider) as set when New is called.
@@ -42,8 +42,10 @@ type Config struct {
 }
 
 // Observer implements dedupe.Observer with OpenTelemetry spans and metrics.
-// Set it as dedupe.Config.Observer (and, if the relay uses another
-// Observer, RelayConfig.Observer). It is safe for concurrent use.
+// Set it as dedupe.Config.Observer (claims and handlings) and as
+// dedupe.OutboxConfig.Observer (enqueue spans, the trace context stored with
+// each outbox message, publishes; its relays report to it too unless
+// RelayConfig.Observer is set). It is safe for concurrent use.
 type Observer struct {
 	cfg    Config
 	tracer trace.Tracer
@@ -65,7 +67,7 @@ type Observer struct {
 
 var _ dedupe.Observer = (*Observer)(nil)
 
-// New returns an Observer. cfg may be nil.
+// New returns an Observer; the zero Config is the defaults.
 //
 // Its metrics (every attribute set is small and bounded: scopes, states,
 // outcomes and event names, never ids):
@@ -93,12 +95,14 @@ var _ dedupe.Observer = (*Observer)(nil)
 //     OutboxQueued reports, or from Outbox.Stats when ObserveStats was given
 //     the outbox (then with dedupe.outbox.table).
 //   - dedupe.transport.events (counter): the adapters' transport events by
-//     dedupe.event and messaging.system.
-func New(cfg *Config) (*Observer, error) {
-	var c Config
-	if cfg != nil {
-		c = *cfg
-	}
+//     dedupe.event (the names of the dedupe.Event constants: ack_failed,
+//     retried, released, refused, dead_lettered, dead_letter_failed,
+//     terminated, batch_handled, batch_fallback, offsets_committed,
+//     offset_commit_failed, partition_paused) and messaging.system; an
+//     event's Count is added (the partitions of offsets_committed, the
+//     messages of batch_handled).
+func New(cfg Config) (*Observer, error) {
+	c := cfg
 	if c.TracerProvider == nil {
 		c.TracerProvider = otel.GetTracerProvider()
 	}

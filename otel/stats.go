@@ -29,7 +29,7 @@ func (o *Observer) ObserveStats(inbox *dedupe.Inbox, outbox *dedupe.Outbox) (sto
 	if outbox != nil {
 		insts = append(insts, o.m.outboxPending, o.m.outboxParked, o.m.outboxOldest)
 		c := outbox.Config()
-		name := c.OutboxTable
+		name := c.Table
 		if c.Schema != "" {
 			name = c.Schema + "." + name
 		}

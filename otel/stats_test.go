@@ -174,16 +174,16 @@ func TestTransportEvent(t *testing.T) {
 	t.Parallel()
 	e := oteltest.New(t, nil)
 	ctx, span := e.Tracer().Start(context.Background(), "process")
-	e.Obs.TransportEvent(ctx, dedupe.TransportEvent{Name: "ack_failed", Message: dedupe.MessageInfo{System: "nats"}, Err: errors.New("timeout")})
-	e.Obs.TransportEvent(ctx, dedupe.TransportEvent{Name: "offsets_committed", Message: dedupe.MessageInfo{System: "kafka"}, Count: 3})
+	e.Obs.TransportEvent(ctx, dedupe.TransportEvent{Name: dedupe.EventAckFailed, Message: dedupe.MessageInfo{System: "nats"}, Err: errors.New("timeout")})
+	e.Obs.TransportEvent(ctx, dedupe.TransportEvent{Name: dedupe.EventOffsetsCommitted, Message: dedupe.MessageInfo{System: "kafka"}, Count: 3})
 	span.End()
-	if n := e.Sum(t, "dedupe.transport.events", dedupeotel.EventKey.String("ack_failed"), semconv.MessagingSystemKey.String("nats")); n != 1 {
+	if n := e.Sum(t, "dedupe.transport.events", dedupeotel.EventKey.String(dedupe.EventAckFailed), semconv.MessagingSystemKey.String("nats")); n != 1 {
 		t.Errorf("ack_failed = %d", n)
 	}
-	if n := e.Sum(t, "dedupe.transport.events", dedupeotel.EventKey.String("offsets_committed")); n != 3 {
+	if n := e.Sum(t, "dedupe.transport.events", dedupeotel.EventKey.String(dedupe.EventOffsetsCommitted)); n != 3 {
 		t.Errorf("offsets_committed = %d, want 3", n)
 	}
-	if ev := e.Ended("process")[0].Events(); len(ev) != 2 || ev[0].Name != "dedupe.transport.ack_failed" {
+	if ev := e.Ended("process")[0].Events(); len(ev) != 2 || ev[0].Name != "dedupe.transport."+dedupe.EventAckFailed {
 		t.Errorf("span events %v", ev)
 	}
 }

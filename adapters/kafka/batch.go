@@ -20,24 +20,15 @@ import (
 // write paused the partition.
 func (r *Runner) handleBatch(ctx context.Context, msgs []kafka.Message) (int, step) {
 	res := r.batch.HandleBatch(ctx, msgs)
-	r.stats.batches.Add(1)
-	var handled, dups int64
-	defer func() {
-		r.stats.handled.Add(handled)
-		r.stats.duplicates.Add(dups)
-	}()
+	r.batchEvent(ctx, dedupe.EventBatchHandled, &msgs[0], nil, len(msgs))
 	fellBack := false
 	for n, br := range res {
 		var st step
 		switch {
-		case br.Err == nil && br.Outcome == dedupe.OutcomeDuplicate:
-			dups++
-			continue
 		case br.Err == nil:
-			handled++
 			continue
 		case br.Outcome == dedupe.OutcomePoisoned:
-			st = r.giveUp(ctx, msgs[n], br.Err)
+			st = r.giveUp(ctx, msgs[n], dedupe.Key{}, br.Err)
 		case br.Outcome == dedupe.OutcomeConflict, errors.Is(br.Err, dedupe.ErrNoKey), errors.Is(br.Err, dedupe.ErrInvalidKey):
 			// No failed key of its own: recorded under its refused key.
 			st = r.refuse(ctx, msgs[n], br.Err)
@@ -48,10 +39,11 @@ func (r *Runner) handleBatch(ctx context.Context, msgs []kafka.Message) (int, st
 			// partition waits and tries this message again on its own.
 			if !fellBack {
 				fellBack = true
-				r.stats.fallbacks.Add(1)
+				r.batchEvent(ctx, dedupe.EventBatchFallback, &msgs[n], br.Err, len(msgs)-n)
 			}
 			if !errors.Is(br.Err, dedupe.ErrNotAttempted) {
-				r.stats.retries.Add(1) // its attempt in the batch failed
+				// Its attempt in the batch failed: it is tried again at once.
+				r.event(ctx, dedupe.EventRetried, &msgs[n], dedupe.Key{}, br.Err, 0, 1)
 			}
 			st = r.handleOne(ctx, msgs[n])
 		}

@@ -112,15 +112,18 @@ type Config struct {
 	DeadLetter Writer
 	// DeadLetterAttempts is how many times one message's dead-letter write is
 	// tried, with backoff, before its partition pauses: the partition stops
-	// (the others go on), the error is logged and counted in Stats.Paused, and
-	// the message's offset stays uncommitted, so the partition's next owner
-	// (after a rebalance or restart) tries again. Defaults to 5.
+	// (the others go on), the error is logged and reported to the inbox's
+	// Observer (dedupe.EventPartitionPaused), and the message's offset stays
+	// uncommitted, so the partition's next owner (after a rebalance or
+	// restart) tries again. Defaults to 5.
 	DeadLetterAttempts int
 	// IsoLevel is the isolation level of the transactions. Defaults to the
 	// database default (read committed).
 	IsoLevel pgx.TxIsoLevel
 	// Logger receives the runner's logs, and kafka-go's error logs. Defaults
-	// to the inbox's logger.
+	// to the inbox's logger. For metrics and traces, set the inbox's
+	// Observer: it is told of every handling and of what the runner did
+	// beyond it (dedupe.TransportEvent).
 	Logger *slog.Logger
 }
 
@@ -192,4 +195,10 @@ func (c Config) withDefaults(inbox *dedupe.Inbox, rc kafka.ReaderConfig) (Config
 		}
 	}
 	return c, nil
+}
+
+// retryBackoff is the backoff of a partition's retries: RetryBackoff
+// doubling up to MaxRetryBackoff.
+func (c *Config) retryBackoff() dedupe.Backoff {
+	return dedupe.Backoff{Min: c.RetryBackoff, Max: c.MaxRetryBackoff}
 }

@@ -24,12 +24,13 @@ const (
 // up on it. A database failure is retried; the partition waits.
 func (r *Runner) refuse(ctx context.Context, msg kafka.Message, cause error) step {
 	key := dedupe.Key{Scope: r.cfg.Scope, ID: RefusedKey(msg)}
+	r.event(ctx, dedupe.EventRefused, &msg, key, cause, 0, 1)
 	backoff := r.cfg.RetryBackoff
 	for {
 		_, _, err := r.inbox.RecordFailure(ctx, key, dedupe.Permanent(cause))
 		if err == nil {
 			// Recorded now, or by an earlier delivery of the same message.
-			return r.giveUp(ctx, msg, cause)
+			return r.giveUp(ctx, msg, key, cause)
 		}
 		if ctx.Err() != nil {
 			return stepStopped
@@ -44,12 +45,12 @@ func (r *Runner) refuse(ctx context.Context, msg kafka.Message, cause error) ste
 }
 
 // giveUp ends the processing of msg without effects: its key is already
-// marked failed (or refuse recorded it). It is logged and, when a
-// dead-letter writer is configured, written there with up to
-// DeadLetterAttempts tries; then its offset may be committed (stepDone). If
-// every try fails the partition pauses (stepPaused) so that the offset is not
-// committed without the copy.
-func (r *Runner) giveUp(ctx context.Context, msg kafka.Message, cause error) step {
+// marked failed (or refuse recorded it under key; zero for msg's own). It is
+// logged and, when a dead-letter writer is configured, written there with up
+// to DeadLetterAttempts tries; then its offset may be committed (stepDone).
+// If every try fails the partition pauses (stepPaused) so that the offset is
+// not committed without the copy.
+func (r *Runner) giveUp(ctx context.Context, msg kafka.Message, key dedupe.Key, cause error) step {
 	r.cfg.Logger.ErrorContext(ctx, "dedupekafka: giving up on message",
 		"topic", msg.Topic, "partition", msg.Partition, "offset", msg.Offset, "err", cause)
 	if r.cfg.DeadLetter != nil {
@@ -58,16 +59,17 @@ func (r *Runner) giveUp(ctx context.Context, msg kafka.Message, cause error) ste
 		for attempt := 1; ; attempt++ {
 			err := r.cfg.DeadLetter.WriteMessages(ctx, dl)
 			if err == nil {
-				r.stats.deadLettered.Add(1)
+				r.event(ctx, dedupe.EventDeadLettered, &msg, key, cause, 0, 1)
 				break
 			}
 			if ctx.Err() != nil {
 				return stepStopped
 			}
-			r.stats.deadLetterErrors.Add(1)
 			derr := &DeadLetterError{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, Attempt: attempt, Err: err}
+			r.event(ctx, dedupe.EventDeadLetterFailed, &msg, key, derr, 0, 1)
 			if attempt >= r.cfg.DeadLetterAttempts {
 				r.cfg.Logger.ErrorContext(ctx, "dedupekafka: dead-letter write failed; pausing the partition", "err", derr)
+				r.event(ctx, dedupe.EventPartitionPaused, &msg, key, derr, 0, 1)
 				return stepPaused
 			}
 			r.cfg.Logger.WarnContext(ctx, "dedupekafka: dead-letter write failed, retrying", "err", derr)
@@ -77,7 +79,7 @@ func (r *Runner) giveUp(ctx context.Context, msg kafka.Message, cause error) ste
 			backoff = min(2*backoff, r.cfg.MaxRetryBackoff)
 		}
 	}
-	r.stats.givenUp.Add(1)
+	r.event(ctx, dedupe.EventTerminated, &msg, key, cause, 0, 1)
 	return stepDone
 }
 

@@ -37,9 +37,10 @@ func (h *Headers) Get(key string) string {
 	return ""
 }
 
-// Set replaces the headers named key with one holding value.
+// Set replaces the headers named key with one holding value, in a new
+// slice: the message's own headers, which h may share, are not changed.
 func (h *Headers) Set(key, value string) {
-	out := (*h)[:0]
+	out := make([]kafka.Header, 0, len(*h)+1)
 	for _, x := range *h {
 		if x.Key != key {
 			out = append(out, x)

@@ -27,10 +27,12 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		log.Fatal(err)
 	}
-	inbox, err := dedupe.New(pool, nil)
+	// For metrics and traces, give the inbox an Observer (dedupeotel's):
+	// it is told of every message and of what the runner did beyond it.
+	inbox, err := dedupe.New(pool, dedupe.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -52,7 +54,6 @@ func ExampleNew() {
 	if err := runner.Run(ctx); err != nil {
 		log.Fatal(err)
 	}
-	fmt.Printf("%+v\n", runner.Stats())
 }
 
 // A batch consumer: up to 200 events of a partition are claimed with one
@@ -65,7 +66,7 @@ func ExampleNewBatch() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	inbox, err := dedupe.New(pool, nil)
+	inbox, err := dedupe.New(pool, dedupe.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

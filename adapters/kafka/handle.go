@@ -19,14 +19,10 @@ func (r *Runner) handleOne(ctx context.Context, msg kafka.Message) step {
 	for {
 		outcome, err := r.consumer.HandleKey(ctx, key, msg)
 		switch {
-		case err == nil && outcome == dedupe.OutcomeDuplicate:
-			r.stats.duplicates.Add(1)
-			return stepDone
 		case err == nil:
-			r.stats.handled.Add(1)
 			return stepDone
 		case outcome == dedupe.OutcomePoisoned:
-			return r.giveUp(ctx, msg, err)
+			return r.giveUp(ctx, msg, key, err)
 		case outcome == dedupe.OutcomeConflict:
 			// The key is complete with another payload: this message has no
 			// failed key of its own.
@@ -37,7 +33,7 @@ func (r *Runner) handleOne(ctx context.Context, msg kafka.Message) step {
 		}
 		// OutcomeRetry (the handler failed), OutcomeInFlight, or the database
 		// failed: the partition waits and tries the same message again.
-		r.stats.retries.Add(1)
+		r.event(ctx, dedupe.EventRetried, &msg, key, err, backoff, 1)
 		if outcome != dedupe.OutcomeRetry {
 			r.cfg.Logger.WarnContext(ctx, "dedupekafka: message not handled, retrying",
 				"topic", msg.Topic, "partition", msg.Partition, "offset", msg.Offset, "outcome", outcome, "err", err)
@@ -45,6 +41,6 @@ func (r *Runner) handleOne(ctx context.Context, msg kafka.Message) step {
 		if !sleep(ctx, backoff) {
 			return stepStopped
 		}
-		backoff = min(2*backoff, r.cfg.MaxRetryBackoff)
+		backoff = r.cfg.retryBackoff().Next(backoff)
 	}
 }

@@ -50,12 +50,9 @@ func NewOutboxWriter(brokers ...string) *kafka.Writer {
 // NewOutboxPublisher returns a publisher over w, which must have no Topic
 // (each message names its own), RequiredAcks set to kafka.RequireAll, Async
 // off, and a Balancer that keeps a key on one partition (not round-robin).
-// cfg may be nil.
-func NewOutboxPublisher(w *kafka.Writer, cfg *OutboxPublisherConfig) (*OutboxPublisher, error) {
-	var c OutboxPublisherConfig
-	if cfg != nil {
-		c = *cfg
-	}
+// The zero OutboxPublisherConfig is the defaults.
+func NewOutboxPublisher(w *kafka.Writer, cfg OutboxPublisherConfig) (*OutboxPublisher, error) {
+	c := cfg
 	if c.IDHeader == "" {
 		c.IDHeader = DefaultOutboxIDHeader
 	}

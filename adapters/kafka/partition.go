@@ -52,7 +52,6 @@ func (r *Runner) consume(ctx context.Context, tp topicPartition, start int64, g 
 			continue
 		}
 		backoff = r.cfg.RetryBackoff
-		r.stats.fetched.Add(1)
 		if expect >= 0 && m.Offset > expect {
 			r.startGap(ctx, tp, expect, m.Offset)
 		}
@@ -161,7 +160,6 @@ func (r *Runner) fill(ctx context.Context, rd *kafka.Reader, batch []kafka.Messa
 			}
 			return batch, err
 		}
-		r.stats.fetched.Add(1)
 		batch = append(batch, m)
 	}
 	return batch, nil
@@ -190,7 +188,7 @@ func (r *Runner) fetchFailed(ctx context.Context, tp topicPartition, rd *kafka.R
 	if !sleep(ctx, *backoff) {
 		return rd, ctx.Err()
 	}
-	*backoff = min(2**backoff, r.cfg.MaxRetryBackoff)
+	*backoff = r.cfg.retryBackoff().Next(*backoff)
 	return rd, nil
 }
 
@@ -198,8 +196,6 @@ func (r *Runner) fetchFailed(ctx context.Context, tp topicPartition, rd *kafka.R
 // runner stops); the partition's next owner resumes at its committed offset.
 func (r *Runner) pause(ctx context.Context, tp topicPartition, rd *kafka.Reader) {
 	_ = rd.Close()
-	r.stats.paused.Add(1)
-	defer r.stats.paused.Add(-1)
 	r.cfg.Logger.ErrorContext(ctx, "dedupekafka: partition paused until it is reassigned (rebalance or restart); the other partitions go on",
 		"topic", tp.topic, "partition", tp.id, "err", ErrPartitionPaused)
 	<-ctx.Done()

@@ -29,7 +29,18 @@
 // key failed in the inbox, or a copy in the dead-letter topic. A message
 // without a usable key is refused (not guessed): it is recorded failed under
 // RefusedKey and dead-lettered. A dead-letter write that keeps failing pauses
-// its partition (Stats.Paused) rather than committing the offset without it.
+// its partition (dedupe.EventPartitionPaused) rather than committing the
+// offset without it.
+//
+// The runner has no metrics of its own. The inbox's Observer
+// (dedupe.Config.Observer; dedupeotel's for OpenTelemetry) is told of every
+// handling, with the message's topic, partition, offset and headers (the
+// handler finds them too, with dedupe.MessageInfoFrom), and of what the
+// runner did beyond it, as dedupe.TransportEvent: dedupe.EventRetried (with
+// the backoff), EventRefused, EventDeadLettered, EventDeadLetterFailed,
+// EventTerminated (a message given up on), EventPartitionPaused,
+// EventBatchHandled, EventBatchFallback, EventOffsetsCommitted and
+// EventOffsetCommitFailed.
 //
 // Broker limits, and what the runner does at them:
 //
@@ -86,8 +97,9 @@ type Runner struct {
 	consumer *dedupe.Consumer[kafka.Message]      // one message per transaction
 	batch    *dedupe.BatchConsumer[kafka.Message] // a batch per transaction
 	errLog   kafka.Logger
-	stats    stats
 	running  atomic.Bool
+	obs      dedupe.Observer                        // the inbox's, told of transport events
+	describe func(kafka.Message) dedupe.MessageInfo // what obs is told of a message
 }
 
 // New returns a Runner that joins the consumer group rc describes and
@@ -128,14 +140,15 @@ func newRunner(inbox *dedupe.Inbox, rc kafka.ReaderConfig, cfg Config, h Handler
 	if err != nil {
 		return nil, err
 	}
-	r := &Runner{inbox: inbox, rc: rc, cfg: c, errLog: kafkaLogger{log: c.Logger, next: rc.ErrorLogger}}
+	r := &Runner{inbox: inbox, rc: rc, cfg: c, errLog: kafkaLogger{log: c.Logger, next: rc.ErrorLogger},
+		obs: inbox.Config().Observer, describe: describe(rc.GroupID)}
 	cc := dedupe.ConsumerConfig[kafka.Message]{
 		Scope:       c.Scope,
 		Key:         r.keyID,
 		Fingerprint: c.Fingerprint,
 		IsoLevel:    c.IsoLevel,
 		MaxAttempts: c.MaxAttempts,
-		Describe:    describe(rc.GroupID),
+		Describe:    r.describe,
 	}
 	// One message at a time and in batches, through the core's consumers:
 	// the same transaction driver, guard and attempt counting.
@@ -256,7 +269,7 @@ func (r *Runner) generation(ctx, gctx context.Context, gen *kafka.Generation) {
 	var cwg sync.WaitGroup
 	cwg.Go(func() {
 		c.run(wctx, r.cfg.CommitInterval, func(n int, err error) {
-			r.flushed(n, err)
+			r.flushed(ctx, n, err)
 			if errors.Is(err, kafka.UnknownTopicOrPartition) {
 				g.once.Do(cancel)
 			}
@@ -267,7 +280,8 @@ func (r *Runner) generation(ctx, gctx context.Context, gen *kafka.Generation) {
 	cwg.Wait()
 	// The generation is still ours (the member rejoins only after this
 	// returns), so the broker takes these offsets before the partitions move.
-	r.flushed(c.flush())
+	n, err := c.flush()
+	r.flushed(ctx, n, err)
 }
 
 // genState is what the partition workers of one generation share.
@@ -277,14 +291,16 @@ type genState struct {
 	once   sync.Once
 }
 
-// flushed counts one flush of the committer.
-func (r *Runner) flushed(n int, err error) {
+// flushed reports one flush of the committer, which committed the offsets
+// of n partitions or failed.
+func (r *Runner) flushed(ctx context.Context, n int, err error) {
+	ctx = context.WithoutCancel(ctx)
 	if err != nil {
-		r.stats.commitErrors.Add(1)
-		r.cfg.Logger.Warn("dedupekafka: offset commit failed; the messages since the last commit will be redelivered and absorbed by the inbox", "err", err)
+		r.cfg.Logger.WarnContext(ctx, "dedupekafka: offset commit failed; the messages since the last commit will be redelivered and absorbed by the inbox", "err", err)
+		r.groupEvent(ctx, dedupe.EventOffsetCommitFailed, err, 0)
 		return
 	}
 	if n > 0 {
-		r.stats.commits.Add(1)
+		r.groupEvent(ctx, dedupe.EventOffsetsCommitted, nil, n)
 	}
 }

@@ -31,7 +31,7 @@ type AckMode int
 const (
 	// AckDouble sends DoubleAck and waits up to Config.AckTimeout for the
 	// server to confirm it, so that an ack that did not arrive is reported
-	// (KindAckFailed). The worker waits one round trip per message.
+	// (dedupe.EventAckFailed). The worker waits one round trip per message.
 	AckDouble AckMode = iota
 	// AckSingle sends Ack and does not wait. An ack lost on the way is not
 	// reported: JetStream redelivers the message after AckWait and the inbox
@@ -40,7 +40,7 @@ const (
 	AckSingle
 )
 
-// Config configures a Runner. The zero value (or nil) is usable.
+// Config configures a Runner. The zero value is usable.
 type Config struct {
 	// Scope is the namespace of the keys in the inbox. Defaults to the
 	// consumer's durable name (its name for an ephemeral consumer).
@@ -85,7 +85,7 @@ type Config struct {
 	// at least 1s and at most 5s.
 	PullExpiry time.Duration
 	// Backoff gives the redelivery delay after the attempt-th failed attempt.
-	// Defaults to ExponentialBackoff(100ms, 30s).
+	// Defaults to dedupe.Backoff{Min: 100ms, Max: 30s, Jitter: 0.2}.Delay.
 	Backoff func(attempt int) time.Duration
 	// InFlightDelay is the redelivery delay when a concurrent attempt holds
 	// the key. Defaults to 1s.
@@ -118,10 +118,11 @@ type Config struct {
 	// context is cancelled before their transactions are cancelled and
 	// rolled back. Defaults to 10s.
 	DrainTimeout time.Duration
-	// Metrics receives an Event per message. Defaults to LogMetrics with
-	// Logger.
-	Metrics Metrics
-	// Logger receives the runner's logs. Defaults to the inbox's logger.
+	// Logger receives the runner's logs: messages terminated (at error
+	// level), retried, not acknowledged (warn), released (debug). Defaults
+	// to the inbox's logger. For metrics and traces, set the inbox's
+	// Observer: it is told of every handling and of what the runner did
+	// beyond it (dedupe.TransportEvent).
 	Logger *slog.Logger
 
 	maxDeliver int // the consumer's MaxDeliver, -1 for no limit
@@ -130,11 +131,8 @@ type Config struct {
 
 // withDefaults fills the zero fields of a copy of c for consumer info ci
 // and validates it.
-func (c *Config) withDefaults(inbox *dedupe.Inbox, ci *jetstream.ConsumerInfo) (Config, error) {
-	var out Config
-	if c != nil {
-		out = *c
-	}
+func (c Config) withDefaults(inbox *dedupe.Inbox, ci *jetstream.ConsumerInfo) (Config, error) {
+	out := c
 	ackWait := DefaultAckWait
 	maxDeliver := -1
 	var maxBatch int
@@ -179,7 +177,7 @@ func (c *Config) withDefaults(inbox *dedupe.Inbox, ci *jetstream.ConsumerInfo) (
 		out.MaxPending = max(2*out.Workers, DefaultMinPending)
 	}
 	if out.Backoff == nil {
-		out.Backoff = ExponentialBackoff(DefaultBackoffBase, DefaultBackoffMax)
+		out.Backoff = dedupe.Backoff{Min: DefaultBackoffBase, Max: DefaultBackoffMax, Jitter: 0.2}.Delay
 	}
 	if out.InFlightDelay == 0 {
 		out.InFlightDelay = DefaultInFlightDelay
@@ -201,9 +199,6 @@ func (c *Config) withDefaults(inbox *dedupe.Inbox, ci *jetstream.ConsumerInfo) (
 	}
 	if out.Logger == nil {
 		out.Logger = inbox.Config().Logger
-	}
-	if out.Metrics == nil {
-		out.Metrics = LogMetrics{Logger: out.Logger}
 	}
 	bad := func(field, reason string) (Config, error) {
 		return out, &dedupe.ConfigError{Field: field, Reason: reason}

@@ -36,7 +36,8 @@ const (
 // for the stream's acknowledgement. The copy's Nats-Msg-Id names the original
 // stream message and consumer, so a copy published again after a crash (or
 // by a second try) is dropped by the dead-letter stream's duplicate window.
-func (r *Runner) deadLetter(ctx context.Context, msg jetstream.Msg, ev *Event, cause error) error {
+func (r *Runner) deadLetter(ctx context.Context, d *delivery, cause error) error {
+	msg := d.msg
 	m := nats.NewMsg(r.cfg.DeadLetterSubject)
 	m.Data = msg.Data()
 	for k, vs := range msg.Headers() {
@@ -54,8 +55,8 @@ func (r *Runner) deadLetter(ctx context.Context, msg jetstream.Msg, ev *Event, c
 	}
 	m.Header.Set(DeadLetterReasonHeader, truncate(reason))
 	m.Header.Set(DeadLetterSubjectHeader, msg.Subject())
-	if ev.Key.ID != "" {
-		m.Header.Set(DeadLetterKeyHeader, ev.Key.ID)
+	if d.key.ID != "" {
+		m.Header.Set(DeadLetterKeyHeader, d.key.ID)
 	}
 	if meta, err := msg.Metadata(); err == nil {
 		seq := strconv.FormatUint(meta.Sequence.Stream, 10)

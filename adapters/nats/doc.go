@@ -25,14 +25,25 @@
 //   - a concurrent attempt holds the key: NakWithDelay(Config.InFlightDelay);
 //   - database unreachable: not an attempt, and no delivery spent. The
 //     message is held, marked in progress, and retried with Config.Backoff
-//     (each failed try is reported as KindRetry);
+//     (each failed try is reported as dedupe.EventRetried);
 //   - a message without a usable key, or a key reused with another payload:
 //     copied to Config.DeadLetterSubject when set, then Term (without it,
-//     only Metrics, at error level by default, reports it);
+//     only the log, at error level, and the Observer report it);
 //   - shutdown: in-flight work gets Config.DrainTimeout to commit; what did
 //     not commit is rolled back and handed back (Nak) with the buffered
 //     messages, so another runner takes them at once. Uncommitted work is
 //     never acknowledged, and a shutdown is not an attempt.
+//
+// # Observing
+//
+// The runner has no metrics of its own. The inbox's Observer
+// (dedupe.Config.Observer; dedupeotel's for OpenTelemetry) is told of every
+// handling, with the message's subject, Nats-Msg-Id, delivery count and
+// headers (the handler finds them too, with dedupe.MessageInfoFrom), and of
+// what the runner did beyond it, as dedupe.TransportEvent:
+// dedupe.EventAckFailed, EventRetried (with the nak's delay),
+// EventReleased, EventRefused, EventDeadLettered, EventDeadLetterFailed and
+// EventTerminated. Config.Logger logs the same events that need attention.
 //
 // # Broker limits
 //
@@ -86,7 +97,7 @@
 // # DoubleAck or Ack
 //
 // DoubleAck (the default) waits for the server to confirm the ack, so an ack
-// that did not arrive is reported (KindAckFailed). Ack does not wait: a lost
+// that did not arrive is reported (dedupe.EventAckFailed). Ack does not wait: a lost
 // ack goes unreported, JetStream redelivers the message after AckWait, and
 // the inbox acknowledges the copy as a duplicate without running the handler.
 // The effect happens once either way; Ack saves the worker a round trip per

@@ -7,7 +7,7 @@ import (
 
 // ErrNoKey is matched by every *KeyError: the key function could not produce
 // a key for a message. Such a message is terminated (it can never be
-// deduplicated) and reported to Metrics.
+// deduplicated) and reported to the inbox's Observer (dedupe.EventRefused).
 var ErrNoKey = errors.New("dedupenats: message has no usable key")
 
 // ErrIteratorClosed is returned by Runner.Run when it cannot pull messages
@@ -30,7 +30,8 @@ func (e *KeyError) Error() string {
 // Unwrap returns ErrNoKey and the key function's error.
 func (e *KeyError) Unwrap() []error { return []error{ErrNoKey, e.Err} }
 
-// ErrDeadLettered is matched by the Event.Err of a message whose copy was
+// ErrDeadLettered is matched by the error Runner.Handle returns, and the
+// Err of the dedupe.EventTerminated event, of a message whose copy was
 // published to Config.DeadLetterSubject before it was terminated.
 var ErrDeadLettered = errors.New("dedupenats: message dead-lettered")
 

@@ -27,10 +27,10 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		log.Fatal(err)
 	}
-	inbox, err := dedupe.New(pool, nil)
+	inbox, err := dedupe.New(pool, dedupe.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 
-	r, err := dedupenats.New(inbox, cons, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	r, err := dedupenats.New(inbox, cons, dedupenats.Config{Workers: 8}, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		var o struct {
 			ID    string `json:"id"`
 			Cents int64  `json:"cents"`
@@ -62,7 +62,7 @@ func ExampleNew() {
 		}
 		_, err := tx.Exec(ctx, "INSERT INTO charges (order_id, cents) VALUES ($1, $2)", o.ID, o.Cents)
 		return err // commits together with the claim; acked only after
-	}, &dedupenats.Config{Workers: 8})
+	})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -79,20 +79,41 @@ func ExampleHeaderKey() {
 		inbox *dedupe.Inbox
 		cons  jetstream.Consumer
 	)
-	r, err := dedupenats.New(inbox, cons, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	r, err := dedupenats.New(inbox, cons, dedupenats.Config{Key: dedupenats.HeaderKey("Order-Id"), Scope: "billing-v2"}, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		return nil
-	}, &dedupenats.Config{Key: dedupenats.HeaderKey("Order-Id"), Scope: "billing-v2"})
+	})
 	_, _ = r, err
 }
 
-// Counting what a runner did, while still logging through slog.
-func ExampleCounters() {
-	var counts dedupenats.Counters
-	cfg := &dedupenats.Config{Metrics: dedupenats.Tee(&counts, dedupenats.LogMetrics{})}
-	_ = cfg
-	// ... after Run:
-	log.Printf("processed %d, duplicates absorbed %d, terminated %d",
-		counts.Processed.Load(), counts.Duplicates.Load(), counts.Terminated.Load())
+// Metrics and traces: the inbox's Observer is told of every message the
+// runner handles, and of what it did beyond the handling (a failed ack, a
+// retry, a termination: dedupe.TransportEvent). The dedupeotel module has
+// an OpenTelemetry Observer; this one logs the messages given up on.
+func ExampleRunner_observer() {
+	pool, err := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	inbox, err := dedupe.New(pool, dedupe.Config{Observer: givenUp{}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	var cons jetstream.Consumer // as in ExampleNew
+	r, err := dedupenats.New(inbox, cons, dedupenats.Config{}, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+		// The handler finds what the runner told the Observer of its message.
+		log.Printf("delivery %d of %s", dedupe.MessageInfoFrom(ctx).Delivery, msg.Subject())
+		return nil
+	})
+	_, _ = r, err
+}
+
+// givenUp is an Observer that logs the messages a runner gave up on.
+type givenUp struct{ dedupe.NopObserver }
+
+func (givenUp) TransportEvent(_ context.Context, e dedupe.TransportEvent) {
+	if e.Name == dedupe.EventTerminated {
+		log.Printf("gave up on %s (%s): %v", e.Key, e.Message.Destination, e.Err)
+	}
 }
 
 // Describing the durable instead of holding one: Open creates or updates it.
@@ -103,7 +124,7 @@ func ExampleOpen() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	inbox, err := dedupe.New(pool, nil)
+	inbox, err := dedupe.New(pool, dedupe.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -120,10 +141,10 @@ func ExampleOpen() {
 		Durable:       "invoicing",
 		FilterSubject: "orders.paid",
 		MaxDeliver:    20, // the runner terminates and records the 20th failure
-	}, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	}, dedupenats.Config{Key: dedupenats.HeaderKey("Order-Id")}, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		_, err := tx.Exec(ctx, "INSERT INTO invoices (order_id) VALUES ($1)", msg.Headers().Get("Order-Id"))
 		return err
-	}, &dedupenats.Config{Key: dedupenats.HeaderKey("Order-Id")})
+	})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -42,90 +42,116 @@ func lastDeliveryHandler(h dedupe.HandlerFunc[jetstream.Msg], maxDeliver int) de
 	}
 }
 
-// settle ends msg at the last delivery the consumer allows, when it could not
-// be processed, without letting it lapse: it records the key as failed in the
-// inbox (when recordable; a key already complete is acknowledged instead),
-// else publishes a copy to Config.DeadLetterSubject, and only then
-// terminates the message. When neither works it keeps the message alive (the
-// heartbeat still holds it) and tries again with Config.Backoff, for as long
-// as it takes.
-func (r *Runner) settle(msg jetstream.Msg, ev *Event, cause error, recordable bool) {
-	ctx := context.Background()
+// settle ends a message at the last delivery the consumer allows, when it
+// could not be processed, without letting it lapse: it records the key as
+// failed in the inbox (when recordable; a key already complete is
+// acknowledged instead), else publishes a copy to Config.DeadLetterSubject,
+// and only then terminates the message. When neither works it keeps the
+// message alive (the heartbeat still holds it) and tries again with
+// Config.Backoff, for as long as it takes. It returns what Handle does: the
+// message's outcome when settling it found one (OutcomeDuplicate: the key
+// was complete, the message acknowledged as a duplicate; else 0), and nil
+// for a message acknowledged, else why it was given up on.
+func (r *Runner) settle(ctx context.Context, d *delivery, cause error, recordable bool) (dedupe.Outcome, error) {
+	ctx = context.WithoutCancel(ctx)
 	for try := 1; ; try++ {
 		var err error
 		if recordable {
-			var done bool
-			if done, err = r.recordFailed(ctx, msg, ev, cause); done {
-				return
+			var (
+				done bool
+				o    dedupe.Outcome
+				res  error
+			)
+			if done, o, res, err = r.recordFailed(ctx, d, cause); done {
+				return o, res
 			}
 		}
 		if r.cfg.DeadLetterSubject != "" {
-			derr := r.deadLetter(ctx, msg, ev, cause)
+			res, derr := r.deadLetterTerm(ctx, d, cause)
 			if derr == nil {
-				ev.Err = errors.Join(cause, ErrDeadLettered)
-				r.term(msg, ev)
-				return
+				return 0, res
 			}
-			err = errors.Join(err, fmt.Errorf("dead-letter to %s: %w", r.cfg.DeadLetterSubject, derr))
+			err = errors.Join(err, derr)
 		}
-		d := r.cfg.Backoff(try)
-		r.cfg.Logger.Error("dedupenats: message at its last delivery can be neither recorded as failed nor dead-lettered; holding it",
-			"scope", r.cfg.Scope, "key", ev.Key.ID, "subject", msg.Subject(), "delivery", ev.Delivery,
-			"cause", cause, "err", err, "retry_in", d)
-		sleep(ctx, nil, d)
+		delay := r.cfg.Backoff(try)
+		r.cfg.Logger.ErrorContext(ctx, "dedupenats: message at its last delivery can be neither recorded as failed nor dead-lettered; holding it",
+			"scope", r.cfg.Scope, "key", d.key.ID, "subject", d.msg.Subject(), "delivery", d.num,
+			"cause", cause, "err", err, "retry_in", delay)
+		sleep(ctx, nil, delay)
 	}
 }
 
-// recordFailed records ev.Key as failed with cause. It reports done when
-// the message reached a visible end: recorded as failed (terminated), or
-// found complete (acknowledged as a duplicate).
-func (r *Runner) recordFailed(ctx context.Context, msg jetstream.Msg, ev *Event, cause error) (bool, error) {
+// deadLetterTerm publishes a copy of a message given up on because of cause
+// to Config.DeadLetterSubject and terminates it. It returns the cause
+// joined with ErrDeadLettered, or the publish's error (then the message is
+// left alone).
+func (r *Runner) deadLetterTerm(ctx context.Context, d *delivery, cause error) (res, err error) {
+	if err := r.deadLetter(ctx, d, cause); err != nil {
+		derr := fmt.Errorf("dead-letter to %s: %w", r.cfg.DeadLetterSubject, err)
+		r.event(ctx, dedupe.EventDeadLetterFailed, d, derr, 0)
+		return nil, derr
+	}
+	r.event(ctx, dedupe.EventDeadLettered, d, cause, 0)
+	res = errors.Join(cause, ErrDeadLettered)
+	r.term(ctx, d, res)
+	return res, nil
+}
+
+// recordFailed records the message's key as failed with cause. It reports
+// done when the message reached a visible end, with what Handle returns:
+// recorded as failed (terminated; the cause), or found complete
+// (acknowledged as a duplicate, OutcomeDuplicate; the ack's error).
+func (r *Runner) recordFailed(ctx context.Context, d *delivery, cause error) (done bool, o dedupe.Outcome, res, err error) {
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.AckTimeout)
 	defer cancel()
-	_, poisoned, err := r.inbox.RecordFailure(rctx, ev.Key, dedupe.Permanent(cause))
+	_, poisoned, err := r.inbox.RecordFailure(rctx, d.key, dedupe.Permanent(cause))
 	if err != nil {
-		return false, fmt.Errorf("record as failed: %w", err)
+		return false, 0, nil, fmt.Errorf("record as failed: %w", err)
 	}
 	if !poisoned {
 		// The key was left alone: it is complete, already failed, or held by
 		// a live lease.
-		rec, err := r.inbox.Lookup(rctx, ev.Key)
+		rec, err := r.inbox.Lookup(rctx, d.key)
 		switch {
 		case err != nil:
-			return false, fmt.Errorf("look up: %w", err)
+			return false, 0, nil, fmt.Errorf("look up: %w", err)
 		case rec.State == dedupe.StateComplete:
-			ev.Kind, ev.Err = KindDuplicate, nil
-			r.ack(ctx, msg, ev)
-			return true, nil
+			// A copy committed meanwhile: this one is its duplicate. Handling
+			// it again finds the key complete without running the handler,
+			// and reports it to the Observer as the duplicate it is.
+			if o, herr := r.consumer.HandleKey(rctx, d.key, d.msg); herr == nil && o != dedupe.OutcomeDuplicate {
+				r.cfg.Logger.WarnContext(ctx, "dedupenats: a key found complete was handled again (purged meanwhile?)",
+					"scope", r.cfg.Scope, "key", d.key.ID, "outcome", o)
+			}
+			return true, dedupe.OutcomeDuplicate, r.ack(ctx, d), nil
 		case rec.State != dedupe.StateFailed:
-			return false, fmt.Errorf("key %s is held by a live lease", ev.Key)
+			return false, 0, nil, fmt.Errorf("key %s is held by a live lease", d.key)
 		}
 	}
-	ev.Err = cause
-	r.term(msg, ev)
-	return true, nil
+	r.term(ctx, d, cause)
+	return true, 0, cause, nil
 }
 
-// reject ends a message that can never be processed: it has no usable key,
-// or its key was used with another payload. With Config.DeadLetterSubject it
-// is copied there before it is terminated; a failed copy is retried (at the
-// last delivery, held and retried until it succeeds). Without it the message
-// is terminated and reported to Metrics, which logs it at error level.
-func (r *Runner) reject(ctx context.Context, p phase, msg jetstream.Msg, ev *Event, last bool) {
+// reject ends a message that can never be processed (dedupe.EventRefused):
+// it has no usable key, or its key was used with another payload (cause).
+// With Config.DeadLetterSubject it is copied there before it is
+// terminated; a failed copy is retried (at the last delivery, held and
+// retried until it succeeds). Without it the message is terminated, which
+// is logged at error level. It returns what Handle does.
+func (r *Runner) reject(ctx context.Context, p phase, d *delivery, cause error, last bool) error {
+	r.event(ctx, dedupe.EventRefused, d, cause, 0)
 	if r.cfg.DeadLetterSubject == "" {
-		r.term(msg, ev)
-		return
+		r.term(ctx, d, cause)
+		return cause
 	}
 	if last {
-		r.settle(msg, ev, ev.Err, false)
-		return
+		_, err := r.settle(ctx, d, cause, false)
+		return err
 	}
-	if err := r.deadLetter(context.WithoutCancel(ctx), msg, ev, ev.Err); err != nil {
-		ev.Kind, ev.Delay = KindRetry, r.cfg.Backoff(max(int(ev.Delivery), 1))
-		ev.Err = errors.Join(ev.Err, fmt.Errorf("dead-letter to %s: %w", r.cfg.DeadLetterSubject, err))
-		r.nak(p, msg, ev)
-		return
+	res, derr := r.deadLetterTerm(context.WithoutCancel(ctx), d, cause)
+	if derr != nil {
+		res = errors.Join(cause, derr)
+		r.nak(ctx, p, d, res, r.cfg.Backoff(max(int(d.num), 1)))
 	}
-	ev.Err = errors.Join(ev.Err, ErrDeadLettered)
-	r.term(msg, ev)
+	return res
 }

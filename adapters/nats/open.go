@@ -15,7 +15,7 @@ import (
 // deliveries when it goes, which defeats redelivery) and cc.AckPolicy must
 // be left explicit (its zero value).
 func Open(ctx context.Context, inbox *dedupe.Inbox, js jetstream.JetStream, stream string,
-	cc jetstream.ConsumerConfig, h dedupe.HandlerFunc[jetstream.Msg], cfg *Config) (*Runner, error) {
+	cc jetstream.ConsumerConfig, cfg Config, h dedupe.HandlerFunc[jetstream.Msg]) (*Runner, error) {
 	switch {
 	case js == nil:
 		return nil, &dedupe.ConfigError{Field: "js", Reason: "must not be nil"}
@@ -28,10 +28,8 @@ func Open(ctx context.Context, inbox *dedupe.Inbox, js jetstream.JetStream, stre
 	if err != nil {
 		return nil, fmt.Errorf("dedupenats: consumer %s on stream %s: %w", cc.Durable, stream, err)
 	}
-	if cfg != nil && cfg.DeadLetterSubject != "" && cfg.DeadLetterJS == nil {
-		c := *cfg
-		c.DeadLetterJS = js
-		cfg = &c
+	if cfg.DeadLetterSubject != "" && cfg.DeadLetterJS == nil {
+		cfg.DeadLetterJS = js
 	}
-	return New(inbox, cons, h, cfg)
+	return New(inbox, cons, cfg, h)
 }

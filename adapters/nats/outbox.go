@@ -36,15 +36,13 @@ type OutboxPublisher struct {
 	duplicates atomic.Int64
 }
 
-// NewOutboxPublisher returns a publisher over js. cfg may be nil.
-func NewOutboxPublisher(js jetstream.JetStream, cfg *OutboxPublisherConfig) (*OutboxPublisher, error) {
+// NewOutboxPublisher returns a publisher over js; the zero
+// OutboxPublisherConfig is the defaults.
+func NewOutboxPublisher(js jetstream.JetStream, cfg OutboxPublisherConfig) (*OutboxPublisher, error) {
 	if js == nil {
 		return nil, &dedupe.ConfigError{Field: "js", Reason: "must not be nil"}
 	}
-	var c OutboxPublisherConfig
-	if cfg != nil {
-		c = *cfg
-	}
+	c := cfg
 	if c.Subject == nil {
 		c.Subject = func(topic string) string { return topic }
 	}

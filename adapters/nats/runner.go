@@ -22,13 +22,15 @@ type Runner struct {
 	inbox    *dedupe.Inbox
 	cfg      Config
 	beat     *heartbeat
+	obs      dedupe.Observer                        // the inbox's, told of transport events
+	describe func(jetstream.Msg) dedupe.MessageInfo // what obs is told of a message
 }
 
 // New returns a Runner that handles the messages of cons with h, claiming
-// their keys in inbox. cfg may be nil for the defaults. The handler writes
+// their keys in inbox; the zero Config is the defaults. The handler writes
 // its effects through the transaction it is given; they commit together with
 // the claim, and only then is the message acknowledged.
-func New(inbox *dedupe.Inbox, cons jetstream.Consumer, h dedupe.HandlerFunc[jetstream.Msg], cfg *Config) (*Runner, error) {
+func New(inbox *dedupe.Inbox, cons jetstream.Consumer, cfg Config, h dedupe.HandlerFunc[jetstream.Msg]) (*Runner, error) {
 	switch {
 	case inbox == nil:
 		return nil, &dedupe.ConfigError{Field: "inbox", Reason: "must not be nil"}
@@ -42,6 +44,7 @@ func New(inbox *dedupe.Inbox, cons jetstream.Consumer, h dedupe.HandlerFunc[jets
 		return nil, err
 	}
 	keyFn := c.Key
+	desc := describe(consumerName(cons))
 	dc, err := dedupe.NewConsumer(inbox, dedupe.ConsumerConfig[jetstream.Msg]{
 		Scope: c.Scope,
 		Key: func(msg jetstream.Msg) (string, error) {
@@ -55,12 +58,13 @@ func New(inbox *dedupe.Inbox, cons jetstream.Consumer, h dedupe.HandlerFunc[jets
 		IsoLevel:    c.IsoLevel,
 		LockTimeout: c.LockTimeout,
 		MaxAttempts: c.MaxAttempts,
-		Describe:    describe(consumerName(cons)),
+		Describe:    desc,
 	}, lastDeliveryHandler(h, c.maxDeliver))
 	if err != nil {
 		return nil, err
 	}
-	return &Runner{js: cons, consumer: dc, inbox: inbox, cfg: c, beat: newHeartbeat(c.Heartbeat, c.Logger)}, nil
+	return &Runner{js: cons, consumer: dc, inbox: inbox, cfg: c, beat: newHeartbeat(c.Heartbeat, c.Logger),
+		obs: inbox.Config().Observer, describe: desc}, nil
 }
 
 // Scope returns the scope the runner claims keys in.
@@ -241,15 +245,11 @@ func (r *Runner) atLastDelivery(msg jetstream.Msg) bool {
 }
 
 // handBack releases a message the runner did not handle because it is
-// stopping, and reports it as KindReleased.
+// stopping (dedupe.EventReleased).
 func (r *Runner) handBack(ctx context.Context, p phase, msg jetstream.Msg) {
-	ev := Event{Kind: KindReleased, Subject: msg.Subject()}
-	if meta, err := msg.Metadata(); err == nil {
-		ev.Delivery = meta.NumDelivered
-	}
+	d := newDelivery(msg)
 	if key, err := r.consumer.KeyOf(msg); err == nil {
-		ev.Key = key
+		d.key = key
 	}
-	r.release(p, msg)
-	r.cfg.Metrics.Observe(ctx, ev)
+	r.release(ctx, p, &d, nil)
 }

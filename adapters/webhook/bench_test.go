@@ -85,12 +85,12 @@ var round, run int
 func BenchmarkGitHubReceiver(b *testing.B) {
 	db := dbtest.New(b, dbtest.Options{MaxConns: 4})
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, db.Pool, dedupe.MigrateConfig{}); err != nil {
 		b.Fatal(err)
 	}
 	db.Exec(b, `CREATE TABLE effects (id bigserial PRIMARY KEY, provider text, event_id text, event_type text)`)
 	db.Exec(b, `CREATE TABLE hand_inbox (scope text, key text, created_at timestamptz DEFAULT now(), PRIMARY KEY (scope, key))`)
-	inbox, err := dedupe.New(db.Pool, nil)
+	inbox, err := dedupe.New(db.Pool, dedupe.Config{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -29,7 +29,7 @@
 //     ("<id>.<timestamp>.<body>") covers.
 //   - Generic HMAC: a field of the verified JSON body (IDField), or an id
 //     header that HMACVerifier.SignedContent covers with {id}; an IDHeader
-//     the signature does not cover is refused by New with a *ConfigError.
+//     the signature does not cover is refused by New with a *dedupe.ConfigError.
 //   - GitHub: GitHubKey(body), "sha256:" and the hex SHA-256 of the body,
 //     because the signature covers the body only: X-GitHub-Delivery is not
 //     signed and is Event.ID for logs alone. Two deliveries with

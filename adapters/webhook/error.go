@@ -35,9 +35,6 @@ var (
 	// ErrMalformedEvent is matched by every *EventError: the authenticated
 	// body or headers do not yield an event id (400).
 	ErrMalformedEvent = errors.New("webhook: malformed event")
-
-	// ErrInvalidConfig is matched by every *ConfigError.
-	ErrInvalidConfig = errors.New("webhook: invalid config")
 )
 
 // BodyTooLargeError reports a body over Config.MaxBodyBytes. It matches
@@ -115,21 +112,6 @@ func (e *EventError) Error() string {
 
 // Unwrap returns ErrMalformedEvent.
 func (e *EventError) Unwrap() error { return ErrMalformedEvent }
-
-// ConfigError reports an invalid configuration field. It matches
-// ErrInvalidConfig.
-type ConfigError struct {
-	Field  string
-	Reason string
-}
-
-// Error implements the error interface.
-func (e *ConfigError) Error() string {
-	return fmt.Sprintf("webhook: invalid config: %s: %s", e.Field, e.Reason)
-}
-
-// Unwrap returns ErrInvalidConfig.
-func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
 
 // refusal is the response of a delivery refused before any database work.
 // An error of a custom Verifier that matches none of the sentinels is taken

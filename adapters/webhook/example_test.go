@@ -28,13 +28,13 @@ import (
 func exampleInbox() (*dedupe.Inbox, *pgxpool.Pool, func()) {
 	ctx := context.Background()
 	pool, cleanup := dbtest.ForExample()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		panic(err)
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE events (id text, type text)`); err != nil {
 		panic(err)
 	}
-	inbox, err := dedupe.New(pool, nil)
+	inbox, err := dedupe.New(pool, dedupe.Config{})
 	if err != nil {
 		panic(err)
 	}
@@ -242,7 +242,7 @@ func ExampleNewHMAC_signedIDHeader() {
 	_, err = webhook.NewHMAC(inbox, webhook.HMACConfig{HMACVerifier: webhook.HMACVerifier{
 		Secrets: []string{"acme-secret"}, IDHeader: "X-Acme-Id"}},
 		func(context.Context, pgx.Tx, webhook.Event) error { return nil })
-	var ce *webhook.ConfigError
+	var ce *dedupe.ConfigError
 	fmt.Println(errors.As(err, &ce), ce.Field)
 	// Output:
 	// 200 processed

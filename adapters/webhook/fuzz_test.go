@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/adapters/webhook"
 )
 
@@ -156,7 +157,7 @@ func FuzzHMACSignedContent(f *testing.F) {
 			h["X-Event-Id"] = []string{id2} // as sent, not canonicalized by Set
 		}
 		ev, err := v.Verify(h, body2, now)
-		var ce *webhook.ConfigError
+		var ce *dedupe.ConfigError
 		if errors.As(err, &ce) {
 			return // a layout New refuses
 		}

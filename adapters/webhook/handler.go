@@ -76,11 +76,11 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	switch {
 	case c.MaxBodyBytes < 0:
-		return c, &ConfigError{Field: "MaxBodyBytes", Reason: "must be positive"}
+		return c, &dedupe.ConfigError{Field: "MaxBodyBytes", Reason: "must be positive"}
 	case c.LockTimeout < 0:
-		return c, &ConfigError{Field: "LockTimeout", Reason: "must be positive"}
+		return c, &dedupe.ConfigError{Field: "LockTimeout", Reason: "must be positive"}
 	case c.RetryAfter < 0:
-		return c, &ConfigError{Field: "RetryAfter", Reason: "must be positive"}
+		return c, &dedupe.ConfigError{Field: "RetryAfter", Reason: "must be positive"}
 	}
 	if c.OnError == nil {
 		logger := c.Logger
@@ -103,6 +103,7 @@ type Handler struct {
 	consumer *dedupe.Consumer[Event]
 	cfg      Config
 	provider string
+	obs      dedupe.Observer // the inbox's, told of refused deliveries
 }
 
 // validator is implemented by the built-in verifiers.
@@ -133,13 +134,17 @@ type validator interface{ validate() error }
 //     stale timestamp, no event id. No database work is done.
 //   - 413: the body exceeds MaxBodyBytes. 405: not a POST.
 //
+// The inbox's Observer is told of every handled event (with the provider,
+// endpoint, event id and headers) and of every refusal before a claim
+// (400, 405, 413) as a dedupe.EventRefused with the typed error.
+//
 // No payload fingerprint is stored with the key: providers may rebuild the
 // payload of a re-send (Stripe's pending_webhooks counter, for one), so the
 // same event id with another body is the same event, not a client bug.
 // (GitHub's key is the body's hash, so there the question does not arise.)
 func New(inbox *dedupe.Inbox, v Verifier, cfg Config, h dedupe.HandlerFunc[Event]) (*Handler, error) {
 	if v == nil {
-		return nil, &ConfigError{Field: "verifier", Reason: "must not be nil"}
+		return nil, &dedupe.ConfigError{Field: "verifier", Reason: "must not be nil"}
 	}
 	if val, ok := v.(validator); ok {
 		if err := val.validate(); err != nil {
@@ -159,9 +164,9 @@ func New(inbox *dedupe.Inbox, v Verifier, cfg Config, h dedupe.HandlerFunc[Event
 		Describe:    describe,
 	}, h)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("webhook: %w", err)
 	}
-	return &Handler{verifier: v, consumer: consumer, cfg: c, provider: provider}, nil
+	return &Handler{verifier: v, consumer: consumer, cfg: c, provider: provider, obs: inbox.Config().Observer}, nil
 }
 
 // Scope returns the dedup scope of the handler's keys.
@@ -240,8 +245,14 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, erro
 	return buf.Bytes(), nil
 }
 
+// refuse answers a delivery refused before any claim, and tells the
+// inbox's Observer (dedupe.EventRefused).
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, err error) {
 	status, reason := refusal(err)
+	if h.obs != nil {
+		h.obs.TransportEvent(r.Context(), dedupe.TransportEvent{Name: dedupe.EventRefused, Err: err, Count: 1,
+			Message: describe(Event{Provider: h.provider, Endpoint: h.cfg.Endpoint, Header: r.Header})})
+	}
 	h.fail(w, r, status, reason, err)
 }
 

@@ -20,6 +20,7 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/adapters/webhook"
+	"github.com/exactlyonce/dedupe/internal/observetest"
 )
 
 const (
@@ -325,18 +326,25 @@ func (c *countingDB) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResul
 	return c.Pool.SendBatch(ctx, b)
 }
 
+// TestRefusalsDoNoDatabaseWork: every refusal gets its status and typed
+// error, touches no key, and is reported to the inbox's Observer.
 func TestRefusalsDoNoDatabaseWork(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	db := &countingDB{Pool: b.db.Pool}
-	inbox, err := dedupe.New(db, nil)
+	var (
+		mu      sync.Mutex
+		last    error
+		refused []dedupe.TransportEvent
+	)
+	inbox, err := dedupe.New(db, dedupe.Config{Observer: observetest.OnEvent(func(_ context.Context, e dedupe.TransportEvent) {
+		mu.Lock()
+		refused = append(refused, e)
+		mu.Unlock()
+	})})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var (
-		mu   sync.Mutex
-		last error
-	)
 	var calls atomic.Int64
 	h, err := webhook.NewStripe(inbox, webhook.StripeConfig{Secrets: []string{stripeSecret}, Config: webhook.Config{
 		Clock: clock, MaxBodyBytes: 1 << 10,
@@ -394,6 +402,11 @@ func TestRefusalsDoNoDatabaseWork(t *testing.T) {
 			t.Errorf("%s: OnError got %v, want %v", c.name, last, c.want)
 		}
 		last = nil
+		if len(refused) != 1 || refused[0].Name != dedupe.EventRefused || !errors.Is(refused[0].Err, c.want) ||
+			refused[0].Message.System != "webhook" || refused[0].Message.Destination != "stripe:default" || refused[0].Key.ID != "" {
+			t.Errorf("%s: observed %+v, want one refused event with %v", c.name, refused, c.want)
+		}
+		refused = nil
 		mu.Unlock()
 	}
 	if n := db.n.Load(); n != 0 {
@@ -608,7 +621,7 @@ func TestConnectionKilledMidTransaction(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	app := "victim-" + b.db.Schema
-	inbox, err := dedupe.New(b.db.AppPool(t, app, 2), nil)
+	inbox, err := dedupe.New(b.db.AppPool(t, app, 2), dedupe.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -694,11 +707,11 @@ func TestConstructorsValidateConfig(t *testing.T) {
 		"nil verifier": func() error { _, err := webhook.New(b.inbox, nil, webhook.Config{}, nop); return err },
 	}
 	for name, f := range attempts {
-		if err := f(); !errors.Is(err, webhook.ErrInvalidConfig) {
+		if err := f(); !errors.Is(err, dedupe.ErrInvalidConfig) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
 		}
 	}
-	var ce *webhook.ConfigError
+	var ce *dedupe.ConfigError
 	if _, err := webhook.NewStripe(b.inbox, webhook.StripeConfig{}, nop); !errors.As(err, &ce) || ce.Field != "Secrets" {
 		t.Errorf("ConfigError = %+v", ce)
 	}
@@ -716,7 +729,7 @@ func TestCustomVerifierFaultIs500(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	db := &countingDB{Pool: b.db.Pool}
-	inbox, err := dedupe.New(db, nil)
+	inbox, err := dedupe.New(db, dedupe.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

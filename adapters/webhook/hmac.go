@@ -44,7 +44,7 @@ func NewHMAC(inbox *dedupe.Inbox, cfg HMACConfig, h dedupe.HandlerFunc[Event]) (
 // The dedup key is the event id, and it comes only from signed material:
 // from the verified JSON body (IDField, the default), or from IDHeader when
 // SignedContent covers it ({id}). An IDHeader that the signature does not
-// cover is refused by New with a *ConfigError: with it, a valid signature
+// cover is refused by New with a *dedupe.ConfigError: with it, a valid signature
 // for one body could claim any id, and the real event of that id would be
 // dropped as a duplicate.
 type HMACVerifier struct {
@@ -124,11 +124,11 @@ func (v *HMACVerifier) check() (layout, error) {
 	}
 	switch {
 	case v.Encoding < EncodingHex || v.Encoding > EncodingBase64URL:
-		return nil, &ConfigError{Field: "Encoding", Reason: "unknown encoding"}
+		return nil, &dedupe.ConfigError{Field: "Encoding", Reason: "unknown encoding"}
 	case v.Tolerance < 0:
-		return nil, &ConfigError{Field: "Tolerance", Reason: "must be positive"}
+		return nil, &dedupe.ConfigError{Field: "Tolerance", Reason: "must be positive"}
 	case strings.ContainsAny(v.name(), ":\x00"):
-		return nil, &ConfigError{Field: "Name", Reason: "must not contain ':' or NUL"}
+		return nil, &dedupe.ConfigError{Field: "Name", Reason: "must not contain ':' or NUL"}
 	}
 	return v.layout()
 }
@@ -150,16 +150,16 @@ func (v *HMACVerifier) layout() (layout, error) {
 	}
 	switch {
 	case v.IDHeader != "" && !l.has(partID):
-		return nil, &ConfigError{Field: "IDHeader", Reason: "not covered by the signature (SignedContent has no " + SignedID +
+		return nil, &dedupe.ConfigError{Field: "IDHeader", Reason: "not covered by the signature (SignedContent has no " + SignedID +
 			"): a valid signature for one body could claim any id and make the real event of that id a duplicate; " +
 			"put " + SignedID + " in SignedContent if the sender signs the id, else leave IDHeader empty and read the id from the verified body with IDField"}
 	case v.IDHeader == "" && l.has(partID):
-		return nil, &ConfigError{Field: "SignedContent", Reason: SignedID + " needs IDHeader"}
+		return nil, &dedupe.ConfigError{Field: "SignedContent", Reason: SignedID + " needs IDHeader"}
 	case v.TimestampHeader != "" && !l.has(partTimestamp):
-		return nil, &ConfigError{Field: "TimestampHeader", Reason: "not covered by the signature (SignedContent has no " + SignedTimestamp +
+		return nil, &dedupe.ConfigError{Field: "TimestampHeader", Reason: "not covered by the signature (SignedContent has no " + SignedTimestamp +
 			"): a replay could carry any timestamp"}
 	case v.TimestampHeader == "" && l.has(partTimestamp):
-		return nil, &ConfigError{Field: "SignedContent", Reason: SignedTimestamp + " needs TimestampHeader"}
+		return nil, &dedupe.ConfigError{Field: "SignedContent", Reason: SignedTimestamp + " needs TimestampHeader"}
 	}
 	return l, nil
 }

@@ -38,11 +38,11 @@ type bundle struct {
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	db := dbtest.New(t, dbtest.Options{MaxConns: 8})
-	if err := dedupe.Migrate(context.Background(), db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(context.Background(), db.Pool, dedupe.MigrateConfig{}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	db.Exec(t, `CREATE TABLE effects (id bigserial PRIMARY KEY, provider text, event_id text, event_type text)`)
-	inbox, err := dedupe.New(db.Pool, nil)
+	inbox, err := dedupe.New(db.Pool, dedupe.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

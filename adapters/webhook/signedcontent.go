@@ -3,6 +3,8 @@ package webhook
 import (
 	"fmt"
 	"strings"
+
+	"github.com/exactlyonce/dedupe"
 )
 
 // Tokens of HMACVerifier.SignedContent.
@@ -80,10 +82,10 @@ func (l layout) parts(id, ts string, body []byte) [][]byte {
 // most once each, each followed by a literal separator, whose first byte a
 // value may not contain (a Unix timestamp is digits, so its separator must
 // not start with one; an id is checked on every delivery). Braces are
-// reserved for the tokens. It returns a *ConfigError.
+// reserved for the tokens. It returns a *dedupe.ConfigError.
 func parseLayout(s string) (layout, error) {
 	bad := func(format string, args ...any) (layout, error) {
-		return nil, &ConfigError{Field: "SignedContent", Reason: fmt.Sprintf(format, args...)}
+		return nil, &dedupe.ConfigError{Field: "SignedContent", Reason: fmt.Sprintf(format, args...)}
 	}
 	var l layout
 	seen := map[partKind]bool{}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/adapters/webhook"
 )
 
@@ -174,8 +175,8 @@ func TestHMACUnsignedIDHeaderRefused(t *testing.T) {
 		"timestamp.body signed": {Secrets: []string{hmacSecret}, IDHeader: "X-Event-Id", TimestampHeader: "X-Timestamp"},
 	} {
 		_, err := webhook.NewHMAC(b.inbox, webhook.HMACConfig{HMACVerifier: v}, nop)
-		var ce *webhook.ConfigError
-		if !errors.Is(err, webhook.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != "IDHeader" ||
+		var ce *dedupe.ConfigError
+		if !errors.Is(err, dedupe.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != "IDHeader" ||
 			!strings.Contains(ce.Reason, "not covered by the signature") {
 			t.Errorf("%s: NewHMAC = %v, want a *ConfigError on IDHeader saying it is not covered by the signature", name, err)
 		}
@@ -351,8 +352,8 @@ func TestHMACSignedContentRefused(t *testing.T) {
 	}
 	for _, c := range cases {
 		_, err := webhook.NewHMAC(b.inbox, webhook.HMACConfig{HMACVerifier: c.v}, nop)
-		var ce *webhook.ConfigError
-		if !errors.Is(err, webhook.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != c.field || !strings.Contains(ce.Reason, c.says) {
+		var ce *dedupe.ConfigError
+		if !errors.Is(err, dedupe.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != c.field || !strings.Contains(ce.Reason, c.says) {
 			t.Errorf("%s: %v, want a *ConfigError on %s saying %q", c.name, err, c.field, c.says)
 		}
 	}

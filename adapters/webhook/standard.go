@@ -65,7 +65,7 @@ func (v *StandardVerifier) keys() ([][]byte, error) {
 		return nil, err
 	}
 	if v.Tolerance < 0 {
-		return nil, &ConfigError{Field: "Tolerance", Reason: "must be positive"}
+		return nil, &dedupe.ConfigError{Field: "Tolerance", Reason: "must be positive"}
 	}
 	keys := make([][]byte, len(v.Secrets))
 	for i, s := range v.Secrets {
@@ -79,11 +79,11 @@ func (v *StandardVerifier) keys() ([][]byte, error) {
 }
 
 // DecodeStandardSecret returns the HMAC key of a "whsec_<base64>" secret.
-// It returns a *ConfigError.
+// It returns a *dedupe.ConfigError.
 func DecodeStandardSecret(secret string) ([]byte, error) {
 	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, StandardSecretPrefix))
 	if err != nil || len(key) == 0 {
-		return nil, &ConfigError{Field: "Secrets", Reason: "want whsec_<base64>"}
+		return nil, &dedupe.ConfigError{Field: "Secrets", Reason: "want whsec_<base64>"}
 	}
 	return key, nil
 }

@@ -52,7 +52,7 @@ func (v *StripeVerifier) validate() error {
 		return err
 	}
 	if v.Tolerance < 0 {
-		return &ConfigError{Field: "Tolerance", Reason: "must be positive"}
+		return &dedupe.ConfigError{Field: "Tolerance", Reason: "must be positive"}
 	}
 	return nil
 }
@@ -144,11 +144,11 @@ func (v *StripeVerifier) Verify(header http.Header, body []byte, now time.Time) 
 // validateSecrets refuses an empty list or an empty secret.
 func validateSecrets(secrets []string) error {
 	if len(secrets) == 0 {
-		return &ConfigError{Field: "Secrets", Reason: "at least one secret is required"}
+		return &dedupe.ConfigError{Field: "Secrets", Reason: "at least one secret is required"}
 	}
 	for i, s := range secrets {
 		if s == "" {
-			return &ConfigError{Field: "Secrets", Reason: fmt.Sprintf("secret %d is empty", i)}
+			return &dedupe.ConfigError{Field: "Secrets", Reason: fmt.Sprintf("secret %d is empty", i)}
 		}
 	}
 	return nil

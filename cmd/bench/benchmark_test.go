@@ -15,7 +15,7 @@ func benchSetup(b *testing.B) *bench {
 	b.Helper()
 	db := dbtest.New(b, dbtest.Options{MaxConns: 4})
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, db.Pool, dedupe.MigrateConfig{}); err != nil {
 		b.Fatal(err)
 	}
 	if _, err := db.Pool.Exec(ctx, sqlCreateEffects); err != nil {

@@ -80,7 +80,7 @@ type httpBench struct {
 }
 
 func newHTTPBench(ctx context.Context, pool *pgxpool.Pool, replays int) (*httpBench, error) {
-	mw, err := httpidem.New(pool, &httpidem.Config{
+	mw, err := httpidem.New(pool, httpidem.Config{
 		Tenant:      func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant-ID"), nil },
 		LockTimeout: lockTimeout,
 	})

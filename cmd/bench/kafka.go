@@ -103,10 +103,10 @@ func (b *bench) kafkaHand(ctx context.Context, partitions int, backlog int64) (*
 					continue
 				}
 				win.lat.add(time.Since(t0))
+				win.add(1) // committed, counted as the runner's are
 				if err := r.CommitMessages(rctx, m); err != nil && rctx.Err() == nil {
 					win.fail(err)
 				}
-				win.add(1)
 			}
 		})
 	}
@@ -151,7 +151,7 @@ func (b *bench) kafkaRunner(ctx context.Context, partitions int, backlog int64) 
 	defer stopCluster()
 	win := newWindow(backlog)
 	ic := b.inbox.Config()
-	inbox, err := dedupe.New(timedDB{DB: b.pool, committed: func(d time.Duration) { win.lat.add(d); win.add(1) }}, &ic)
+	inbox, err := dedupe.New(timedDB{DB: b.pool, committed: func(d time.Duration) { win.lat.add(d); win.add(1) }}, ic)
 	if err != nil {
 		return nil, err
 	}

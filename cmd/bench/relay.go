@@ -159,11 +159,11 @@ func handRelayCycle(ctx context.Context, b *bench, js jetstream.JetStream) (int,
 
 // relayLib drains the same backlog with w dedupe.Relays driven by Cycle.
 func (b *bench) relayLib(ctx context.Context, w int, backlog int64) (*sample, error) {
-	pub, err := dedupenats.NewOutboxPublisher(b.js, nil)
+	pub, err := dedupenats.NewOutboxPublisher(b.js, dedupenats.OutboxPublisherConfig{})
 	if err != nil {
 		return nil, err
 	}
-	ob, err := dedupe.NewOutbox(b.pool, nil)
+	ob, err := dedupe.NewOutbox(b.pool, dedupe.OutboxConfig{})
 	if err != nil {
 		return nil, err
 	}

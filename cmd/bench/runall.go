@@ -86,7 +86,7 @@ func runAll(ctx context.Context, o *options, log io.Writer) (*report, error) {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
 	if _, err := pool.Exec(ctx, sqlCreateEffects); err != nil {
@@ -145,11 +145,10 @@ func (rep *report) runSizes(ctx context.Context, b *bench, log io.Writer) error 
 	if len(o.inboxRows) == 0 || !o.selected(name) {
 		return nil
 	}
-	icfg := dedupe.Config{Table: sizeTable}
-	if err := dedupe.Migrate(ctx, b.pool, &icfg, dedupe.LineInbox); err != nil {
+	if err := dedupe.Migrate(ctx, b.pool, dedupe.MigrateConfig{InboxTable: sizeTable, Lines: []dedupe.Line{dedupe.LineInbox}}); err != nil {
 		return err
 	}
-	big, err := dedupe.New(b.pool, &icfg)
+	big, err := dedupe.New(b.pool, dedupe.Config{Table: sizeTable})
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,7 @@ type bench struct {
 }
 
 func newBench(o *options, pool *pgxpool.Pool, m meter) (*bench, error) {
-	inbox, err := dedupe.New(pool, nil)
+	inbox, err := dedupe.New(pool, dedupe.Config{})
 	if err != nil {
 		return nil, err
 	}

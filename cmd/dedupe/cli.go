@@ -202,7 +202,7 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 
 // fail reports err on stderr and returns its exit code.
 func (c *cli) fail(cmd string, err error) int {
-	msg := err.Error()
+	msg := errText(err)
 	if errors.Is(err, dedupe.ErrNotMigrated) {
 		msg += "\nhint: create the table with 'dedupe migrate up' (same --schema and --table)"
 	}
@@ -236,8 +236,8 @@ func (c *cli) connect(ctx context.Context, cfg dedupe.Config) (*pgxpool.Pool, *d
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg.Schema, cfg.Table, cfg.OutboxTable, cfg.Logger = c.g.schema, c.g.table, c.g.outboxTable, c.log
-	inbox, err := dedupe.New(pool, &cfg)
+	cfg.Schema, cfg.Table, cfg.Logger = c.g.schema, c.g.table, c.log
+	inbox, err := dedupe.New(pool, cfg)
 	if err != nil {
 		pool.Close()
 		return nil, nil, err

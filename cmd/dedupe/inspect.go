@@ -27,7 +27,8 @@ func inspectCommand() *command {
 		synopsis: "inspect --scope S --key K",
 		summary:  "show one key: state, attempts, lease, stored result, last error",
 		about: `inspect prints the stored row of one key: its state (in_flight, complete,
-failed), the number of attempts, the lease (live or expired), the stored
+failed), the number of attempts, the lease (live, expired, or released by a
+failed attempt, which leaves the key in_flight for the next attempt), the stored
 result (status, headers, body) and the last error. It exits 3 when the key is
 absent.`,
 		flags: func(fs *flag.FlagSet) any { k := &keyFlags{}; k.register(fs); return k },
@@ -41,7 +42,7 @@ type recordJSON struct {
 	Key            string              `json:"key"`
 	State          dedupe.State        `json:"state"`
 	Attempts       int                 `json:"attempts"`
-	Lease          string              `json:"lease"` // none, live or expired
+	Lease          string              `json:"lease"` // none, live, expired or released
 	LockedUntil    jsonTime            `json:"locked_until"`
 	LeaseRemaining string              `json:"lease_remaining,omitempty"`
 	Fingerprint    string              `json:"fingerprint,omitempty"`
@@ -53,6 +54,13 @@ type recordJSON struct {
 	UpdatedAt jsonTime `json:"updated_at"`
 	ExpiresAt jsonTime `json:"expires_at"`
 }
+
+// releasedGap tells a lease that a failed attempt ended from one that ran
+// out. A failure (Inbox.Fail, or a transactional handler's) ends the lease
+// in the statement that records it, so locked_until and updated_at are two
+// readings of the database's clock in one statement, microseconds apart; a
+// lease that ran out was set, at its last write, to end a whole lease later.
+const releasedGap = 10 * time.Millisecond
 
 // newRecordJSON renders r; its lease is judged on the database's clock
 // (Record.ReadAt).
@@ -67,10 +75,14 @@ func newRecordJSON(r *dedupe.Record) recordJSON {
 	if r.LockedUntil != nil {
 		out.LockedUntil = jsonTime{*r.LockedUntil}
 		if r.State == dedupe.StateInFlight {
-			out.Lease = "expired"
-			if left := r.LockedUntil.Sub(r.ReadAt); left > 0 {
+			switch left := r.LockedUntil.Sub(r.ReadAt); {
+			case left > 0:
 				out.Lease = "live"
 				out.LeaseRemaining = left.Round(time.Millisecond).String()
+			case r.LockedUntil.Sub(r.UpdatedAt).Abs() < releasedGap:
+				out.Lease = "released"
+			default:
+				out.Lease = "expired"
 			}
 		}
 	}
@@ -87,11 +99,22 @@ func newRecordJSON(r *dedupe.Record) recordJSON {
 func (r recordJSON) writeText(w io.Writer) {
 	fmt.Fprintf(w, "scope\t%s\n", r.Scope)
 	fmt.Fprintf(w, "key\t%s\n", r.Key)
-	fmt.Fprintf(w, "state\t%s\n", r.State)
+	switch r.Lease {
+	case "live":
+		fmt.Fprintf(w, "state\t%s (held by a running attempt)\n", r.State)
+	case "released":
+		fmt.Fprintf(w, "state\t%s (released: no attempt holds it; the next run or delivery takes it over)\n", r.State)
+	case "expired":
+		fmt.Fprintf(w, "state\t%s (no attempt holds it: its holder stopped renewing; the next run or delivery takes it over)\n", r.State)
+	default:
+		fmt.Fprintf(w, "state\t%s\n", r.State)
+	}
 	fmt.Fprintf(w, "attempts\t%d\n", r.Attempts)
 	switch r.Lease {
 	case "live":
 		fmt.Fprintf(w, "lease\tlive until %s (%s left)\n", r.LockedUntil.text(), r.LeaseRemaining)
+	case "released":
+		fmt.Fprintf(w, "lease\tended at %s by the failed attempt\n", r.LockedUntil.text())
 	case "expired":
 		fmt.Fprintf(w, "lease\texpired at %s (a retry may take the key over)\n", r.LockedUntil.text())
 	default:
@@ -141,7 +164,7 @@ func runInspect(ctx context.Context, c *cli, opts any, args []string) int {
 	defer pool.Close()
 	rec, err := inbox.Lookup(ctx, key)
 	if err != nil {
-		return c.fail("inspect", err)
+		return c.fail("inspect", keyNotFound(key, err))
 	}
 	r := newRecordJSON(rec)
 	c.emit(c.stdout, r, r.writeText)

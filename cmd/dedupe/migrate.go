@@ -41,7 +41,7 @@ func runMigrate(ctx context.Context, c *cli, _ any, args []string) int {
 	if len(args) > 1 {
 		return c.fail("migrate", usagef("unexpected argument %q", args[1]))
 	}
-	cfg := &dedupe.Config{Schema: c.g.schema, Table: c.g.table, OutboxTable: c.g.outboxTable}
+	cfg := dedupe.MigrateConfig{Schema: c.g.schema, InboxTable: c.g.table, OutboxTable: c.g.outboxTable}
 	switch action {
 	case "up", "status":
 	case "sql":

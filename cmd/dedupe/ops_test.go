@@ -88,7 +88,9 @@ func TestGlobalTableAndSchemaFlags(t *testing.T) {
 func TestInspectShowsRecordOrNotFound(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	if r := e.cli(t, "inspect", "--scope", "jobs", "--key", "absent"); r.code != exitNotFound || !strings.Contains(r.stderr, "not found") {
+	// One prefix, the command's: the library's "dedupe: " is not repeated.
+	if r := e.cli(t, "inspect", "--scope", "jobs", "--key", "absent"); r.code != exitNotFound ||
+		r.stderr != "dedupe inspect: no such key: scope \"jobs\", key \"absent\"\n" {
 		t.Fatalf("absent key = %d\n%s", r.code, r.stderr)
 	}
 	if r := e.cli(t, "inspect", "--scope", "jobs", "--key", "bad\x01key"); r.code != exitUsage {
@@ -114,7 +116,7 @@ func TestStatsCountsByScopeAndState(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	ctx := context.Background()
-	inbox, err := dedupe.New(e.db.Pool, nil)
+	inbox, err := dedupe.New(e.db.Pool, dedupe.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +154,7 @@ func TestStatsCountsByScopeAndState(t *testing.T) {
 	}
 
 	// Two committed messages wait for a relay: the lag shows.
-	ob, err := dedupe.NewOutbox(e.db.Pool, nil)
+	ob, err := dedupe.NewOutbox(e.db.Pool, dedupe.OutboxConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +205,7 @@ func TestPurgeDeletesExpiredInBatchesWithProgress(t *testing.T) {
 	// one that is fresh.
 	claimAt := func(at time.Time, prefix string, n int) {
 		t.Helper()
-		inbox, err := dedupe.New(e.db.Pool, &dedupe.Config{Clock: func() time.Time { return at }, Retention: time.Hour})
+		inbox, err := dedupe.New(e.db.Pool, dedupe.Config{Clock: func() time.Time { return at }, Retention: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -255,7 +257,8 @@ func TestPurgeDeletesExpiredInBatchesWithProgress(t *testing.T) {
 func TestReleaseAbsentKey(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	if r := e.cli(t, "release", "--scope", "jobs", "--key", "nope", "--yes"); r.code != exitNotFound {
+	if r := e.cli(t, "release", "--scope", "jobs", "--key", "nope", "--yes"); r.code != exitNotFound ||
+		r.stderr != "dedupe release: no such key: scope \"jobs\", key \"nope\"\n" {
 		t.Fatalf("release absent = %d, want %d", r.code, exitNotFound)
 	}
 }

@@ -104,7 +104,7 @@ func runOutbox(ctx context.Context, c *cli, opts any, args []string) int {
 		return c.outboxParked(ctx, ob, o.limit)
 	case "unpark":
 		if err := ob.Unpark(ctx, o.id); err != nil {
-			return c.fail("outbox", err)
+			return c.fail("outbox", parkedNotFound(o.id, err))
 		}
 		c.emit(c.stdout, map[string]any{"unparked": o.id}, func(w io.Writer) {
 			fmt.Fprintf(w, "unparked %s: the relays retry it with fresh attempts\n", o.id)
@@ -121,7 +121,7 @@ func (c *cli) connectOutbox(ctx context.Context) (*pgxpool.Pool, *dedupe.Outbox,
 	if err != nil {
 		return nil, nil, err
 	}
-	ob, err := dedupe.NewOutbox(pool, &dedupe.Config{Schema: c.g.schema, OutboxTable: c.g.outboxTable, Logger: c.log})
+	ob, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{Schema: c.g.schema, Table: c.g.outboxTable, Logger: c.log})
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
@@ -138,9 +138,9 @@ func (c *cli) outboxParked(ctx context.Context, ob *dedupe.Outbox, limit int) in
 	for i, m := range msgs {
 		out[i] = newOutboxMessageJSON(m)
 	}
-	c.emit(c.stdout, map[string]any{"table": ob.Config().OutboxTable, "parked": out}, func(w io.Writer) {
+	c.emit(c.stdout, map[string]any{"table": ob.Config().Table, "parked": out}, func(w io.Writer) {
 		if len(out) == 0 {
-			fmt.Fprintf(w, "outbox %s: nothing parked\n", ob.Config().OutboxTable)
+			fmt.Fprintf(w, "outbox %s: nothing parked\n", ob.Config().Table)
 			return
 		}
 		fmt.Fprintln(w, "ID\tTOPIC\tKEY\tATTEMPTS\tPARKED AT\tLAST ERROR")
@@ -164,7 +164,7 @@ func (c *cli) outboxDiscard(ctx context.Context, ob *dedupe.Outbox, o *outboxFla
 			}
 		}
 		if found == nil {
-			return c.fail("outbox", fmt.Errorf("%w: no parked outbox message %q", dedupe.ErrNotFound, o.id))
+			return c.fail("outbox", parkedNotFound(o.id, dedupe.ErrNotFound))
 		}
 		if !c.g.json {
 			m := newOutboxMessageJSON(found)
@@ -181,7 +181,7 @@ func (c *cli) outboxDiscard(ctx context.Context, ob *dedupe.Outbox, o *outboxFla
 	}
 	d, err := ob.Discard(ctx, o.id, by, o.reason)
 	if err != nil {
-		return c.fail("outbox", err)
+		return c.fail("outbox", parkedNotFound(o.id, err))
 	}
 	m := newOutboxMessageJSON(&d.OutboxMessage)
 	m.DiscardedAt, m.DiscardedBy, m.DiscardReason = jsonTime{d.DiscardedAt}, d.DiscardedBy, d.DiscardReason

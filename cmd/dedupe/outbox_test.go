@@ -19,7 +19,7 @@ func TestOutboxParkedUnparkDiscard(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	ctx := context.Background()
-	ob, err := dedupe.NewOutbox(e.db.Pool, nil)
+	ob, err := dedupe.NewOutbox(e.db.Pool, dedupe.OutboxConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,8 +71,8 @@ func TestOutboxParkedUnparkDiscard(t *testing.T) {
 		{[]string{"outbox", "unpark"}, exitUsage, "needs --id"},
 		{[]string{"outbox", "discard", "--id", ids[0]}, exitUsage, "needs --reason"},
 		{[]string{"outbox", "discard", "--id", ids[0], "--reason", "cancelled"}, exitUsage, "pass --yes"},
-		{[]string{"outbox", "discard", "--id", ids[1], "--reason", "x", "--yes"}, exitNotFound, "no parked outbox message"},
-		{[]string{"outbox", "unpark", "--id", "nope"}, exitNotFound, "no parked outbox message"},
+		{[]string{"outbox", "discard", "--id", ids[1], "--reason", "x", "--yes"}, exitNotFound, "dedupe outbox: no parked outbox message"},
+		{[]string{"outbox", "unpark", "--id", "nope"}, exitNotFound, "dedupe outbox: no parked outbox message \"nope\"\n"},
 	} {
 		if r := e.cli(t, c.args...); r.code != c.code || !strings.Contains(r.stdout+r.stderr, c.want) {
 			t.Errorf("dedupe %q = %d, want %d with %q\n%s%s", c.args, r.code, c.code, c.want, r.stdout, r.stderr)

@@ -55,7 +55,7 @@ func runRelease(ctx context.Context, c *cli, opts any, args []string) int {
 	defer pool.Close()
 	rec, err := inbox.Lookup(ctx, key)
 	if err != nil {
-		return c.fail("release", err)
+		return c.fail("release", keyNotFound(key, err))
 	}
 	shown := newRecordJSON(rec)
 	if !r.yes {
@@ -72,7 +72,7 @@ func runRelease(ctx context.Context, c *cli, opts any, args []string) int {
 		return c.fail("release", fmt.Errorf("%w: %s is held by a running attempt for %s more; pass --force to release it anyway",
 			dedupe.ErrInFlight, key, shown.LeaseRemaining))
 	} else if err != nil {
-		return c.fail("release", err)
+		return c.fail("release", keyNotFound(key, err))
 	}
 	c.emit(c.stdout, map[string]any{"released": true, "previous": shown}, func(w io.Writer) {
 		fmt.Fprintf(w, "released %s (was %s, attempts: %d)\n", key, shown.State, shown.Attempts)

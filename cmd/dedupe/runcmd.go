@@ -367,6 +367,14 @@ func (r *runner) resultHeaders(cmd *exec.Cmd, started time.Time, d time.Duration
 	return h
 }
 
+// recordedText says for people what a run left in its key (runReport.Recorded).
+var recordedText = map[string]string{
+	"complete": "complete",
+	"released": "released for a retry (in_flight with no holder: the next run takes it over)",
+	"failed":   "marked failed ('dedupe release' it to allow another run)",
+	"":         "not recorded",
+}
+
 // endRun prints the run's report on stderr and returns code.
 func (c *cli) endRun(rep *runReport, outcome string, code int, err error) int {
 	rep.Outcome, rep.Exit = outcome, code
@@ -386,12 +394,12 @@ func (c *cli) endRun(rep *runReport, outcome string, code int, err error) int {
 	key := rep.Scope + "/" + rep.Key
 	switch {
 	case err != nil:
-		fmt.Fprintf(c.stderr, "dedupe run: %s: %s\n", outcome, rep.Error)
+		fmt.Fprintf(c.stderr, "dedupe run: %s\n", errText(errors.New(rep.Error)))
 	case outcome == "skipped":
 		fmt.Fprintf(c.stderr, "dedupe run: %s is already complete (status %d); not running it again\n", key, *rep.Status)
 	default:
 		fmt.Fprintf(c.stderr, "dedupe run: %s attempt %d exited %d in %s; key %s\n", key, rep.Attempt, *rep.Status,
-			time.Duration(rep.Seconds*float64(time.Second)).Round(time.Millisecond), rep.Recorded)
+			time.Duration(rep.Seconds*float64(time.Second)).Round(time.Millisecond), recordedText[rep.Recorded])
 		if rep.Error != "" {
 			fmt.Fprintf(c.stderr, "dedupe run: recording failed: %s\n", rep.Error)
 		}

@@ -125,6 +125,10 @@ func TestRunKilledLeaseExpiresAndRetryTakesOver(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	// A lease that ran out is not one a failure released.
+	if rec := e.inspect(t, "jobs", "export"); rec.Lease != "expired" {
+		t.Fatalf("the killed run's lease = %q, want expired", rec.Lease)
+	}
 	e.expectRun(t, "takeover run", want{code: 0, outcome: "ran", attempt: 2}, "export", "--lease", lease.String())
 	// The orphaned command was killed with dedupe: it never finishes.
 	time.Sleep(time.Until(startedAt.Add(firstSleep + 500*time.Millisecond)))
@@ -146,9 +150,15 @@ func TestRunFailureReleasesKeyForRetry(t *testing.T) {
 	e := setup(t)
 	e.setStatus(t, 3)
 	e.expectRun(t, "failing run", want{code: 3, recorded: "released"}, "load")
+	// The key stays in_flight (its row counts the attempts) with the lease
+	// ended by the failure: inspect says released, as run did.
 	rec := e.inspect(t, "jobs", "load")
-	if rec.State != "in_flight" || rec.Lease == "live" || rec.Attempts != 1 || !strings.Contains(rec.LastError, "exit status 3") {
+	if rec.State != "in_flight" || rec.Lease != "released" || rec.Attempts != 1 || !strings.Contains(rec.LastError, "exit status 3") {
 		t.Fatalf("after failure: %+v", rec)
+	}
+	if r := e.cli(t, "inspect", "--scope", "jobs", "--key", "load"); r.code != 0 ||
+		!strings.Contains(r.stdout, "in_flight (released: no attempt holds it") || !strings.Contains(r.stdout, "by the failed attempt") {
+		t.Fatalf("inspect text after failure = %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	// The retry runs at once (no lease to wait for) and succeeds.
 	e.setStatus(t, 0)

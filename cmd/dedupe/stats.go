@@ -79,13 +79,13 @@ func runStats(ctx context.Context, c *cli, _ any, args []string) int {
 		out.Total += s.Count
 		out.Scopes = append(out.Scopes, row)
 	}
-	ob, err := dedupe.NewOutbox(pool, &dedupe.Config{Schema: c.g.schema, OutboxTable: c.g.outboxTable})
+	ob, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{Schema: c.g.schema, Table: c.g.outboxTable})
 	if err != nil {
 		return c.fail("stats", err)
 	}
 	switch obs, err := ob.Stats(ctx); {
 	case err == nil:
-		out.Outbox = &outboxJSON{Table: ob.Config().OutboxTable, Pending: obs.Pending, Parked: obs.Parked,
+		out.Outbox = &outboxJSON{Table: ob.Config().Table, Pending: obs.Pending, Parked: obs.Parked,
 			OldestPendingSeconds: obs.OldestPending.Seconds()}
 	case errors.Is(err, dedupe.ErrNotMigrated):
 		// No outbox here: the inbox is used without one.
@@ -110,7 +110,7 @@ func runStats(ctx context.Context, c *cli, _ any, args []string) int {
 				fmt.Fprintf(w, "\noutbox %s: %d pending (oldest %s ago), %d parked\n", o.Table, o.Pending, lag, o.Parked)
 			}
 		} else {
-			fmt.Fprintf(w, "\noutbox %s: no such table\n", ob.Config().OutboxTable)
+			fmt.Fprintf(w, "\noutbox %s: no such table\n", ob.Config().Table)
 		}
 	})
 	return exitOK

@@ -46,12 +46,17 @@ var rateFlags = map[faultKind]string{
 // errInjected is the error a faulty handler returns.
 var errInjected = errors.New("soak: injected handler failure")
 
-// faults decides at random which faults fire and counts those that did.
+// faults decides at random which faults fire and counts those that did. A
+// fault whose rate is set fires at the latest at its 1/rate-th chance, so
+// that every configured fault occurs in a run long enough to expect it,
+// whatever the scheduling did with the random draws (a test that requires
+// each fault to have fired then holds on any machine).
 type faults struct {
-	mu    sync.Mutex
-	rng   *rand.Rand
-	rates [numFaults]float64
-	count [numFaults]atomic.Int64
+	mu     sync.Mutex
+	rng    *rand.Rand
+	rates  [numFaults]float64
+	chance [numFaults]int64 // chances given so far, under mu
+	count  [numFaults]atomic.Int64
 }
 
 func newFaults(seed uint64, rates [numFaults]float64) *faults {
@@ -61,7 +66,11 @@ func newFaults(seed uint64, rates [numFaults]float64) *faults {
 // hit reports whether fault k fires now, and counts it when it does.
 func (f *faults) hit(k faultKind) bool {
 	f.mu.Lock()
-	fire := f.rates[k] > 0 && f.rng.Float64() < f.rates[k]
+	fire := false
+	if r := f.rates[k]; r > 0 {
+		f.chance[k]++
+		fire = f.rng.Float64() < r || f.count[k].Load() == 0 && float64(f.chance[k]) >= 1/r
+	}
 	f.mu.Unlock()
 	if fire {
 		f.count[k].Add(1)

@@ -66,7 +66,7 @@ var httpidemKind = httpKind{
 // newIdemMiddleware is the middleware of the parent and the subprocess.
 func newIdemMiddleware(e *env, pool *pgxpool.Pool) (*httpidem.Middleware, error) {
 	scope := e.scope
-	return httpidem.New(pool, &httpidem.Config{
+	return httpidem.New(pool, httpidem.Config{
 		Inbox: dedupe.Config{
 			Table:       dedupe.DefaultTable,
 			Lease:       max(e.soak.opts.lease, time.Second),

@@ -13,6 +13,7 @@ import (
 	"github.com/exactlyonce/dedupe"
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
 	"github.com/exactlyonce/dedupe/internal/natstest"
+	"github.com/exactlyonce/dedupe/internal/observetest"
 )
 
 // The soak's JetStream names.
@@ -121,18 +122,24 @@ func createDurable(ctx context.Context, js jetstream.JetStream, stream, subject,
 }
 
 // runNATSRunner runs one in-process dedupenats.Runner on cons until ctx
-// ends, counting every delivery after the first as a broker redelivery
-// (after a nak, a stopped runner, or a killed worker's expired AckWait).
+// ends, counting every handling of a delivery after the first as a broker
+// redelivery (after a nak, a stopped runner, or a killed worker's expired
+// AckWait), as its inbox's Observer is told.
 // With dlq it dead-letters to the nats transport's dead-letter subject.
 func runNATSRunner(ctx context.Context, e *env, inbox *dedupe.Inbox, cons jetstream.Consumer, h dedupe.HandlerFunc[jetstream.Msg],
 	workers int, dlq jetstream.JetStream) error {
 	cfg := natsConfig(e.scope, workers, dlq)
-	cfg.Metrics = dedupenats.MetricsFunc(func(_ context.Context, ev dedupenats.Event) {
-		if ev.Delivery > 1 {
+	ic := inbox.Config()
+	ic.Observer = dedupe.Observers(ic.Observer, observetest.OnHandled(func(h dedupe.HandleInfo, _ dedupe.HandleDone) {
+		if h.Message.Delivery > 1 {
 			e.faults.add(faultRedeliver)
 		}
-	})
-	r, err := dedupenats.New(inbox, cons, h, cfg)
+	}))
+	inbox, err := dedupe.New(inbox.DB(), ic)
+	if err != nil {
+		return err
+	}
+	r, err := dedupenats.New(inbox, cons, cfg, h)
 	if err != nil {
 		return err
 	}
@@ -155,8 +162,8 @@ func connectJS(url string) (*nats.Conn, jetstream.JetStream, error) {
 
 // natsConfig is the runners' configuration: the business key from the
 // Order-Id header, short delays, and with dlq the dead-letter subject.
-func natsConfig(scope string, workers int, dlq jetstream.JetStream) *dedupenats.Config {
-	cfg := &dedupenats.Config{
+func natsConfig(scope string, workers int, dlq jetstream.JetStream) dedupenats.Config {
+	cfg := dedupenats.Config{
 		Scope:         scope,
 		Key:           dedupenats.HeaderKey(natsIDHdr),
 		Workers:       workers,
@@ -164,7 +171,6 @@ func natsConfig(scope string, workers int, dlq jetstream.JetStream) *dedupenats.
 		InFlightDelay: 50 * time.Millisecond,
 		Heartbeat:     natsAckWait / 4,
 		DrainTimeout:  2 * time.Second,
-		Metrics:       dedupenats.MetricsFunc(func(context.Context, dedupenats.Event) {}),
 	}
 	if dlq != nil {
 		cfg.DeadLetterSubject, cfg.DeadLetterJS = natsDLQSubject, dlq
@@ -213,7 +219,7 @@ func natsChild(ctx context.Context, e *env, fl *childFlags, say func(verb, arg s
 		return err
 	}
 	defer pool.Close()
-	r, err := dedupenats.New(inbox, cons, childHandler[jetstream.Msg](e, say), natsConfig(e.scope, 2, js))
+	r, err := dedupenats.New(inbox, cons, natsConfig(e.scope, 2, js), childHandler[jetstream.Msg](e, say))
 	if err != nil {
 		return err
 	}

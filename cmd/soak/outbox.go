@@ -44,11 +44,11 @@ func runOutbox(ctx context.Context, e *env, inputs []string) error {
 		return err
 	}
 	defer pool.Close()
-	ob, err := dedupe.NewOutbox(pool, &dedupe.Config{Logger: e.soak.libLog()})
+	ob, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{Logger: e.soak.libLog()})
 	if err != nil {
 		return err
 	}
-	pub, err := dedupenats.NewOutboxPublisher(js, nil)
+	pub, err := dedupenats.NewOutboxPublisher(js, dedupenats.OutboxPublisherConfig{})
 	if err != nil {
 		return err
 	}
@@ -144,11 +144,11 @@ func outboxChild(ctx context.Context, e *env, fl *childFlags, say func(verb, arg
 }
 
 func relayOver(ctx context.Context, e *env, pool *pgxpool.Pool, js jetstream.JetStream, say func(verb, arg string)) error {
-	ob, err := dedupe.NewOutbox(pool, &dedupe.Config{Logger: e.soak.libLog()})
+	ob, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{Logger: e.soak.libLog()})
 	if err != nil {
 		return err
 	}
-	pub, err := dedupenats.NewOutboxPublisher(js, nil)
+	pub, err := dedupenats.NewOutboxPublisher(js, dedupenats.OutboxPublisherConfig{})
 	if err != nil {
 		return err
 	}

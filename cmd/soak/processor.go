@@ -16,8 +16,8 @@ import (
 // its attempt limit: none where no input is designed to fail (random faults
 // must never poison a key), else one that random faults do not exhaust
 // (-max-attempts), or the poison transport's small one.
-func soakConfig(e *env) *dedupe.Config {
-	return &dedupe.Config{MaxAttempts: e.maxAttempts, Lease: e.lease, Logger: e.soak.libLog()}
+func soakConfig(e *env) dedupe.Config {
+	return dedupe.Config{MaxAttempts: e.maxAttempts, Lease: e.lease, Logger: e.soak.libLog()}
 }
 
 // effect writes the one effect of message id inside tx, with the attempt

@@ -51,7 +51,7 @@ func newSoak(parent context.Context, opts *options, stderr io.Writer) (*soak, er
 		s.close()
 		return nil, fmt.Errorf("create schema: %w", err)
 	}
-	if err := dedupe.Migrate(s.ctx, admin, nil); err != nil {
+	if err := dedupe.Migrate(s.ctx, admin, dedupe.MigrateConfig{}); err != nil {
 		s.close()
 		return nil, fmt.Errorf("migrate: %w", err)
 	}

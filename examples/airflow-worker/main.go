@@ -122,7 +122,7 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 // under an advisory lock so that concurrent tries do not race on CREATE. A
 // production deployment runs "dedupe migrate up" once instead.
 func prepare(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		return err
 	}
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

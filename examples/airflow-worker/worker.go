@@ -37,7 +37,7 @@ type worker struct {
 }
 
 func newWorker(db dedupe.DB, cfg workerConfig, log *slog.Logger) (*worker, error) {
-	inbox, err := dedupe.New(db, &dedupe.Config{Logger: log})
+	inbox, err := dedupe.New(db, dedupe.Config{Logger: log})
 	if err != nil {
 		return nil, err
 	}

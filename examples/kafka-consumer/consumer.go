@@ -14,7 +14,13 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
+	"github.com/exactlyonce/dedupe/examples/counter"
+	"github.com/exactlyonce/dedupe/examples/embedded"
 )
+
+// embeddedPartitions is the number of partitions of the topics of the
+// embedded broker.
+const embeddedPartitions = 3
 
 // payment is the event body.
 type payment struct {
@@ -84,7 +90,7 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	defer pool.Close()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		return err
 	}
 	if err := migrateLedger(ctx, pool); err != nil {
@@ -92,7 +98,29 @@ func run(ctx context.Context, cfg config) error {
 	}
 	// Keys must outlive the longest redelivery: a day of retention is plenty
 	// for a consumer group that is never more than hours behind.
-	inbox, err := dedupe.New(pool, &dedupe.Config{Retention: 24 * time.Hour, Logger: log})
+	// The inbox's Observer is told of every message and of what the runner
+	// did beyond it; this one counts, for the progress log lines
+	// (dedupeotel's makes OpenTelemetry spans and metrics of the same).
+	counts := counter.New()
+	inbox, err := dedupe.New(pool, dedupe.Config{Retention: 24 * time.Hour, Logger: log, Observer: counts})
+	if err != nil {
+		return err
+	}
+
+	if cfg.Embedded {
+		topics := []string{cfg.Topic}
+		if cfg.DLQTopic != "" {
+			topics = append(topics, cfg.DLQTopic)
+		}
+		broker, err := embedded.Kafka(cfg.Brokers[0], embeddedPartitions, topics...)
+		if err != nil {
+			return fmt.Errorf("%w (is a Kafka broker already listening there? then drop -embedded, or set KAFKA_BROKERS to a free address)", err)
+		}
+		defer broker.Close()
+		cfg.Brokers = broker.Addrs()
+		log.Info("embedded Kafka-protocol broker started", "brokers", cfg.Brokers, "topics", topics, "partitions", embeddedPartitions)
+	}
+	partitions, err := checkBrokers(ctx, cfg.Brokers, cfg.Topic)
 	if err != nil {
 		return err
 	}
@@ -141,18 +169,18 @@ func run(ctx context.Context, cfg config) error {
 			case <-ctx.Done():
 				return
 			case <-report.C:
-				log.Info("progress", "stats", runner.Stats())
+				log.Info("progress", "counts", counts.String())
 			}
 		}
 	})
-	log.Info("kafka-consumer started", "brokers", cfg.Brokers, "topic", cfg.Topic, "group", cfg.Group,
-		"batch", cfg.BatchSize, "dead_letter", cfg.DLQTopic)
+	log.Info("kafka-consumer started", "brokers", cfg.Brokers, "topic", cfg.Topic, "partitions", partitions,
+		"group", cfg.Group, "batch", cfg.BatchSize, "dead_letter", cfg.DLQTopic)
 	err = runner.Run(ctx)
 	cancel()
 	background.Wait()
-	s := runner.Stats()
-	log.Info("kafka-consumer stopped", "booked", s.Handled, "duplicates", s.Duplicates,
-		"dead_lettered", s.DeadLettered, "given_up", s.GivenUp, "paused_partitions", s.Paused,
-		"batches", s.Batches, "fallbacks", s.Fallbacks, "offset_commits", s.Commits)
+	log.Info("kafka-consumer stopped", "booked", counts.Handled(dedupe.OutcomeClaimed), "duplicates", counts.Handled(dedupe.OutcomeDuplicate),
+		"dead_lettered", counts.Events(dedupe.EventDeadLettered), "given_up", counts.Events(dedupe.EventTerminated),
+		"paused_partitions", counts.Events(dedupe.EventPartitionPaused), "batches", counts.Events(dedupe.EventBatchHandled),
+		"fallbacks", counts.Events(dedupe.EventBatchFallback), "offset_commits", counts.Events(dedupe.EventOffsetsCommitted))
 	return err
 }

@@ -11,6 +11,19 @@
 // dead-lettered. Run several copies in one group: each payment is still
 // booked once.
 //
+//	kafka-consumer [-embedded]          consume until SIGINT or SIGTERM
+//	kafka-consumer -publish '{"payment_id":"pay-1","account":"acct-7","amount_cents":1900}'
+//
+// With -embedded it starts a Kafka-protocol broker in its own process
+// (franz-go's kfake, its log in memory) listening on the first address of
+// KAFKA_BROKERS, with the topics created, so that nothing else need be
+// installed; without it, it connects to the brokers at KAFKA_BROKERS, and
+// exits with an error if none answers. With -publish it produces one
+// payment, its payment_id as the Idempotency-Key header, and returns once
+// the group committed an offset past it, that is once a consumer booked it
+// or found it a duplicate (-timeout bounds the wait, including for the
+// broker to appear).
+//
 // Configuration comes from the environment:
 //
 //	KAFKA_BROKERS    comma-separated brokers            (default 127.0.0.1:9092)
@@ -21,7 +34,7 @@
 //	BATCH_SIZE       events per transaction             (default 100)
 //	PURGE_EVERY      retention purge interval           (default 1h)
 //
-// Produce a payment with kcat:
+// With kcat instead of -publish:
 //
 //	echo '{"payment_id":"pay-1","account":"acct-7","amount_cents":1900}' |
 //	  kcat -P -b 127.0.0.1:9092 -t payments -H Idempotency-Key=pay-1
@@ -29,6 +42,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -49,6 +64,9 @@ type config struct {
 	BatchSize   int
 	PurgeEvery  time.Duration
 	Logger      *slog.Logger
+	// Embedded starts a Kafka-protocol broker in-process on the first of
+	// Brokers.
+	Embedded bool
 	// fastGroup shortens the group timeouts (tests on a loopback broker).
 	fastGroup bool
 }
@@ -82,15 +100,33 @@ func configFromEnv(getenv func(string) string) (config, error) {
 }
 
 func main() {
+	embedded := flag.Bool("embedded", false, "start a Kafka-protocol broker (kfake) in this process, listening on the first address of KAFKA_BROKERS")
+	publish := flag.String("publish", "", "produce this payment (JSON) and wait until the group committed past it, instead of consuming")
+	timeout := flag.Duration("timeout", 30*time.Second, "with -publish: how long to wait for the broker and the group's commit")
+	flag.Parse()
 	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	cfg, err := configFromEnv(os.Getenv)
+	if err == nil && flag.NArg() > 0 {
+		err = fmt.Errorf("unexpected argument %q", flag.Arg(0))
+	}
+	if err == nil && *embedded && *publish != "" {
+		err = errors.New("-embedded and -publish exclude each other: the consumer runs the broker, -publish sends to it")
+	}
 	if err != nil {
 		logger.Error("config", "err", err)
 		os.Exit(2)
 	}
 	cfg.Logger = logger
+	cfg.Embedded = *embedded
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *publish != "" {
+		if err := publishPayment(ctx, cfg, []byte(*publish), *timeout, os.Stdout); err != nil {
+			logger.Error("publish", "err", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(ctx, cfg); err != nil {
 		logger.Error("kafka-consumer stopped", "err", err)
 		os.Exit(1)

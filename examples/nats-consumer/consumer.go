@@ -13,6 +13,8 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
+	"github.com/exactlyonce/dedupe/examples/counter"
+	"github.com/exactlyonce/dedupe/examples/embedded"
 )
 
 // order is the message body.
@@ -71,20 +73,38 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	defer pool.Close()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		return err
 	}
 	if err := migrateShipments(ctx, pool); err != nil {
 		return fmt.Errorf("create shipments: %w", err)
 	}
-	inbox, err := dedupe.New(pool, &dedupe.Config{Logger: log})
+	// The inbox's Observer is told of every message and of what the runner
+	// did with it; this one counts, for the closing log line (dedupeotel's
+	// makes OpenTelemetry spans and metrics of the same).
+	counts := counter.New()
+	inbox, err := dedupe.New(pool, dedupe.Config{Logger: log, Observer: counts})
 	if err != nil {
 		return err
 	}
 
-	nc, err := nats.Connect(cfg.NATSURL, nats.Name("dedupe-nats-consumer"), nats.MaxReconnects(-1))
+	natsURL := cfg.NATSURL
+	if cfg.Embedded {
+		addr, err := hostPort(cfg.NATSURL)
+		if err != nil {
+			return err
+		}
+		srv, err := embedded.NATS(addr)
+		if err != nil {
+			return fmt.Errorf("%w (is a NATS server already listening there? then drop -embedded, or set NATS_URL to a free address)", err)
+		}
+		defer srv.Close()
+		natsURL = srv.URL()
+		log.Info("embedded NATS server with JetStream started", "url", natsURL)
+	}
+	nc, err := nats.Connect(natsURL, nats.Name("dedupe-nats-consumer"), nats.MaxReconnects(-1))
 	if err != nil {
-		return fmt.Errorf("connect to NATS: %w", err)
+		return fmt.Errorf("connect to NATS at %s: %w (start a server, set NATS_URL, or pass -embedded)", natsURL, err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
@@ -111,10 +131,8 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("consumer %s: %w", cfg.Durable, err)
 	}
 
-	var counts dedupenats.Counters
-	rcfg := &dedupenats.Config{
+	rcfg := dedupenats.Config{
 		Workers:           cfg.Workers,
-		Metrics:           dedupenats.Tee(&counts, dedupenats.LogMetrics{Logger: log}),
 		Logger:            log,
 		DeadLetterSubject: cfg.DeadLetter,
 		DeadLetterJS:      js,
@@ -122,7 +140,7 @@ func run(ctx context.Context, cfg config) error {
 	if cfg.KeyHeader != "" {
 		rcfg.Key = dedupenats.HeaderKey(cfg.KeyHeader)
 	}
-	r, err := dedupenats.New(inbox, cons, ship, rcfg)
+	r, err := dedupenats.New(inbox, cons, rcfg, ship)
 	if err != nil {
 		return err
 	}
@@ -144,7 +162,7 @@ func run(ctx context.Context, cfg config) error {
 		cfg.ready()
 	}
 	err = r.Run(ctx)
-	log.Info("stopped", "processed", counts.Processed.Load(), "duplicates", counts.Duplicates.Load(),
-		"retries", counts.Retries.Load(), "terminated", counts.Terminated.Load())
+	log.Info("stopped", "processed", counts.Handled(dedupe.OutcomeClaimed), "duplicates", counts.Handled(dedupe.OutcomeDuplicate),
+		"retries", counts.Events(dedupe.EventRetried), "terminated", counts.Events(dedupe.EventTerminated))
 	return err
 }

@@ -144,8 +144,11 @@ func TestConfigFromEnv(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.NATSURL != "nats://127.0.0.1:4222" || c.Stream != "ORDERS" || c.Durable != "shipping" || c.Workers != 4 ||
-		c.PurgeEvery != time.Hour || c.DeadLetter != "dlq.ORDERS" {
+		c.PurgeEvery != time.Hour || c.DeadLetter != "dlq.ORDERS" || c.KeyHeader != "Order-Id" {
 		t.Fatalf("defaults = %+v", c)
+	}
+	if c, err := configFromEnv(func(n string) string { return map[string]string{"KEY_HEADER": "-"}[n] }); err != nil || c.KeyHeader != "" {
+		t.Fatalf(`KEY_HEADER "-" = %q, %v; want "" (the adapter's default key)`, c.KeyHeader, err)
 	}
 	for _, bad := range []map[string]string{{"WORKERS": "0"}, {"WORKERS": "x"}, {"PURGE_EVERY": "soon"}} {
 		if _, err := configFromEnv(func(n string) string { return bad[n] }); err == nil {

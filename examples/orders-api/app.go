@@ -55,7 +55,7 @@ type app struct {
 // newApp creates the tables and the idempotency layer, which reports to obs
 // (nil for none).
 func newApp(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, obs dedupe.Observer) (*app, error) {
-	idem, err := httpidem.New(pool, &httpidem.Config{
+	idem, err := httpidem.New(pool, httpidem.Config{
 		Inbox:       dedupe.Config{Observer: obs},
 		KeyRequired: true,
 		Tenant:      func(r *http.Request) (string, error) { return tenantFrom(r.Context()), nil },

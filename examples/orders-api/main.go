@@ -36,7 +36,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/exactlyonce/dedupe/examples/internal/telemetry"
+	"github.com/exactlyonce/dedupe/examples/telemetry"
 )
 
 // Defaults of the environment.

@@ -179,7 +179,7 @@ func TestIdempotentOrdersAPIWithRetryingClient(t *testing.T) {
 	h := start(t)
 	base := &http.Transport{}
 	defer base.CloseIdleConnections()
-	c, err := httpidem.NewClient(&httpidem.TransportConfig{Base: base, InitialBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+	c, err := httpidem.NewClient(httpidem.TransportConfig{Base: base, InitialBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

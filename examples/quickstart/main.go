@@ -34,7 +34,7 @@ import (
 	"os"
 	"os/signal"
 
-	"github.com/exactlyonce/dedupe/examples/internal/telemetry"
+	"github.com/exactlyonce/dedupe/examples/telemetry"
 )
 
 func main() {

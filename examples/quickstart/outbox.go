@@ -25,11 +25,11 @@ import (
 // consumer's processing joins the trace of the order's placement. It
 // returns once the relay published everything.
 func publishThroughOutbox(ctx context.Context, o options, pool *pgxpool.Pool, js jetstream.JetStream, msgs []order) error {
-	outbox, err := dedupe.NewOutbox(pool, &dedupe.Config{Logger: o.Logger, Observer: o.Observer})
+	outbox, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{Logger: o.Logger, Observer: o.Observer})
 	if err != nil {
 		return err
 	}
-	pub, err := dedupenats.NewOutboxPublisher(js, &dedupenats.OutboxPublisherConfig{Stream: streamName})
+	pub, err := dedupenats.NewOutboxPublisher(js, dedupenats.OutboxPublisherConfig{Stream: streamName})
 	if err != nil {
 		return err
 	}

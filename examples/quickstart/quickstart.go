@@ -20,7 +20,8 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
-	"github.com/exactlyonce/dedupe/internal/natstest"
+	"github.com/exactlyonce/dedupe/examples/counter"
+	"github.com/exactlyonce/dedupe/examples/embedded"
 )
 
 const (
@@ -108,26 +109,37 @@ func run(ctx context.Context, o options) (*report, error) {
 			fmt.Fprintf(os.Stderr, "quickstart: drop schema %s: %v\n", rep.Schema, err)
 		}
 	}()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		return nil, err
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE shipments (
 		id bigserial PRIMARY KEY, order_id text NOT NULL, item text NOT NULL, qty int NOT NULL)`); err != nil {
 		return nil, err
 	}
-	inbox, err := dedupe.New(pool, &dedupe.Config{Logger: o.Logger, Observer: o.Observer})
+	// The inbox's Observer is told of every delivery handled and of what
+	// the runners did beyond it; counts keeps the report's figures.
+	counts := counter.New()
+	inbox, err := dedupe.New(pool, dedupe.Config{Logger: o.Logger, Observer: dedupe.Observers(o.Observer, counts)})
 	if err != nil {
 		return nil, err
 	}
 
 	// NATS with JetStream, in-process, storing in a temporary directory;
 	// its own connection publishes the orders.
-	ns, err := natstest.Embed()
+	ns, err := embedded.NATS("127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	defer ns.Close()
-	js := ns.JS
+	pubConn, err := nats.Connect(ns.URL())
+	if err != nil {
+		return nil, err
+	}
+	defer pubConn.Close()
+	js, err := jetstream.New(pubConn)
+	if err != nil {
+		return nil, err
+	}
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: streamName, Subjects: []string{"orders.>"}}); err != nil {
 		return nil, err
 	}
@@ -162,7 +174,6 @@ func run(ctx context.Context, o options) (*report, error) {
 	}
 
 	// The consumers: each its own connection, as separate processes would be.
-	var total dedupenats.Counters
 	runCtx, stopAll := context.WithCancel(ctx)
 	defer stopAll()
 	var wg sync.WaitGroup
@@ -181,27 +192,28 @@ func run(ctx context.Context, o options) (*report, error) {
 		if err != nil {
 			return nil, err
 		}
-		metrics := dedupenats.Metrics(&total)
+		h := handler
 		crashes := o.CrashOne && o.Consumers > 1 && i == o.Consumers-1
 		if crashes {
-			// Lose the connection after a few messages: acks in flight fail,
-			// and JetStream redelivers those messages after AckWait.
+			// Lose the connection after a few messages: the acks of the
+			// messages in flight fail (their effects commit all the same),
+			// and JetStream redelivers them after AckWait.
 			rep.Crashed = i
 			var handled atomic.Int64
 			after := int64(max(o.Orders/(3*o.Consumers), 1))
-			metrics = dedupenats.Tee(&total, dedupenats.MetricsFunc(func(context.Context, dedupenats.Event) {
+			h = func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 				if handled.Add(1) == after {
 					nc.Close()
 				}
-			}))
+				return handler(ctx, tx, msg)
+			}
 		}
-		r, err := dedupenats.New(inbox, cons, handler, &dedupenats.Config{
+		r, err := dedupenats.New(inbox, cons, dedupenats.Config{
 			Key:     dedupenats.HeaderKey(orderIDHdr),
 			Workers: o.Workers,
-			Backoff: dedupenats.ExponentialBackoff(20*time.Millisecond, 200*time.Millisecond),
-			Metrics: metrics,
+			Backoff: dedupe.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond}.Delay,
 			Logger:  o.Logger,
-		})
+		}, h)
 		if err != nil {
 			return nil, err
 		}
@@ -251,10 +263,9 @@ func run(ctx context.Context, o options) (*report, error) {
 		return nil, err
 	}
 
-	rep.Duplicates = total.Duplicates.Load()
-	rep.Retries = total.Retries.Load()
-	rep.Deliveries = total.Processed.Load() + rep.Duplicates + rep.Retries + total.InFlight.Load() +
-		total.Terminated.Load() + total.Released.Load() + total.AckFailed.Load()
+	rep.Duplicates = counts.Handled(dedupe.OutcomeDuplicate)
+	rep.Retries = counts.Events(dedupe.EventRetried)
+	rep.Deliveries = counts.Ended()
 	if err := pool.QueryRow(ctx, "SELECT count(*), count(DISTINCT order_id) FROM shipments").
 		Scan(&rep.Effects, &rep.DistinctEffects); err != nil {
 		return nil, err

@@ -26,7 +26,7 @@ func TestQuickstartTraces(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()); _ = mp.Shutdown(context.Background()) })
-	obs, err := dedupeotel.New(&dedupeotel.Config{TracerProvider: tp, MeterProvider: mp, OutboxSystem: "nats"})
+	obs, err := dedupeotel.New(dedupeotel.Config{TracerProvider: tp, MeterProvider: mp, OutboxSystem: "nats"})
 	if err != nil {
 		t.Fatal(err)
 	}

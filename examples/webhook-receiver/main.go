@@ -6,14 +6,14 @@
 // GitHub signs only the body, the body's hash (event_id holds GitHub's
 // unsigned delivery id, for reference).
 //
-//	DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \
 //	STRIPE_WEBHOOK_SECRET=whsec_... GITHUB_WEBHOOK_SECRET=... STANDARD_WEBHOOK_SECRET=whsec_... \
 //	go run ./examples/webhook-receiver
 //
 // Environment:
 //
 //	ADDR                     listen address; defaults to 127.0.0.1:3001
-//	DATABASE_URL             PostgreSQL connection string; required
+//	DATABASE_URL             PostgreSQL connection string; defaults to
+//	                         postgres://postgres@127.0.0.1:5432/test
 //	STRIPE_WEBHOOK_SECRET    enables POST /webhooks/stripe
 //	GITHUB_WEBHOOK_SECRET    enables POST /webhooks/github
 //	STANDARD_WEBHOOK_SECRET  enables POST /webhooks/standard (whsec_<base64>)
@@ -46,11 +46,14 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/adapters/webhook"
-	"github.com/exactlyonce/dedupe/examples/internal/telemetry"
+	"github.com/exactlyonce/dedupe/examples/telemetry"
 )
 
 // DefaultAddr is where the receiver listens when ADDR is unset.
 const DefaultAddr = "127.0.0.1:3001"
+
+// DefaultDatabaseURL is the database used when DATABASE_URL is unset.
+const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
 // createTable is the receiver's own table: one row per processed event.
 const createTable = `CREATE TABLE IF NOT EXISTS webhook_events (
@@ -79,7 +82,7 @@ func recordEvent(ctx context.Context, tx pgx.Tx, ev webhook.Event) error {
 
 // Setup migrates the inbox and creates webhook_events.
 func Setup(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	if _, err := pool.Exec(ctx, createTable); err != nil {
@@ -91,7 +94,7 @@ func Setup(ctx context.Context, pool *pgxpool.Pool) error {
 // NewMux returns the receiver's routes for the configured secrets; their
 // inbox reports to obs (nil for none).
 func NewMux(pool *pgxpool.Pool, s Secrets, logger *slog.Logger, obs dedupe.Observer) (*http.ServeMux, error) {
-	inbox, err := dedupe.New(pool, &dedupe.Config{Logger: logger, Observer: obs})
+	inbox, err := dedupe.New(pool, dedupe.Config{Logger: logger, Observer: obs})
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +138,7 @@ func NewMux(pool *pgxpool.Pool, s Secrets, logger *slog.Logger, obs dedupe.Obser
 func run(ctx context.Context, getenv func(string) string, logger *slog.Logger, ready func(addr net.Addr)) error {
 	dsn := getenv("DATABASE_URL")
 	if dsn == "" {
-		return errors.New("DATABASE_URL is required, e.g. postgres://postgres@127.0.0.1:5432/test")
+		dsn = DefaultDatabaseURL
 	}
 	addr := getenv("ADDR")
 	if addr == "" {

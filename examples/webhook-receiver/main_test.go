@@ -217,9 +217,9 @@ func TestRunRefusesIncompleteConfig(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	for name, env := range map[string]map[string]string{
-		"no database": {"GITHUB_WEBHOOK_SECRET": "s"},
-		"no secret":   {"DATABASE_URL": db.URL, "ADDR": "127.0.0.1:0"},
-		"bad secret":  {"DATABASE_URL": db.URL, "ADDR": "127.0.0.1:0", "STANDARD_WEBHOOK_SECRET": "whsec_%%%"},
+		"bad database": {"DATABASE_URL": "postgres://%zz", "ADDR": "127.0.0.1:0", "GITHUB_WEBHOOK_SECRET": "s"},
+		"no secret":    {"DATABASE_URL": db.URL, "ADDR": "127.0.0.1:0"},
+		"bad secret":   {"DATABASE_URL": db.URL, "ADDR": "127.0.0.1:0", "STANDARD_WEBHOOK_SECRET": "whsec_%%%"},
 	} {
 		err := run(context.Background(), func(k string) string { return env[k] }, quiet, func(net.Addr) {
 			t.Errorf("%s: run started", name)

@@ -88,10 +88,10 @@ type env struct {
 	inst  Instance
 }
 
-func newEnv(t *testing.T, tr Transport, cfg *dedupe.Config) *env {
+func newEnv(t *testing.T, tr Transport, cfg dedupe.Config) *env {
 	t.Helper()
 	db := dbtest.New(t, dbtest.Options{MaxConns: 8})
-	if err := dedupe.Migrate(context.Background(), db.Pool, cfg); err != nil {
+	if err := dedupe.Migrate(context.Background(), db.Pool, cfg.Migration()); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	db.Exec(t, `CREATE TABLE effects (id bigserial PRIMARY KEY, msg_id text NOT NULL, body bytea)`)
@@ -149,7 +149,7 @@ func (e *env) assertDrained(t *testing.T) {
 }
 
 func testDuplicates(t *testing.T, tr Transport) {
-	e := newEnv(t, tr, nil)
+	e := newEnv(t, tr, dedupe.Config{})
 	for range 5 {
 		e.publish(t, "dup-1", []byte("pay 19.00"))
 	}
@@ -168,7 +168,7 @@ func testDuplicates(t *testing.T, tr Transport) {
 }
 
 func testFailThenSucceed(t *testing.T, tr Transport) {
-	e := newEnv(t, tr, nil)
+	e := newEnv(t, tr, dedupe.Config{})
 	var mu sync.Mutex
 	calls := 0
 	e.start(t, RunConfig{Workers: 2}, func(ctx context.Context, tx pgx.Tx, id string, body []byte) error {
@@ -197,7 +197,7 @@ func testFailThenSucceed(t *testing.T, tr Transport) {
 }
 
 func testLoad(t *testing.T, tr Transport) {
-	e := newEnv(t, tr, nil)
+	e := newEnv(t, tr, dedupe.Config{})
 	const total, dupRate = 1000, 0.3
 	rng := rand.New(rand.NewPCG(1, 2))
 	var ids []string
@@ -228,7 +228,7 @@ func testLoad(t *testing.T, tr Transport) {
 }
 
 func testPoison(t *testing.T, tr Transport) {
-	e := newEnv(t, tr, nil)
+	e := newEnv(t, tr, dedupe.Config{})
 	e.start(t, RunConfig{Workers: 2, MaxAttempts: 3}, func(ctx context.Context, tx pgx.Tx, id string, body []byte) error {
 		if id == "poison" {
 			return fmt.Errorf("cannot decode %q", body)
@@ -253,7 +253,7 @@ func testPoison(t *testing.T, tr Transport) {
 }
 
 func testOrderedPerKey(t *testing.T, tr Transport) {
-	e := newEnv(t, tr, nil)
+	e := newEnv(t, tr, dedupe.Config{})
 	if e.inst.PublishOrdered == nil {
 		t.Fatal("transport declares OrderedPerKey but has no PublishOrdered")
 	}

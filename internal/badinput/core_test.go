@@ -142,29 +142,32 @@ func TestConfigRefusals(t *testing.T) {
 		call  func() error
 		field string
 	}{
-		{"New with nil db", func() error { _, err := dedupe.New(nil, nil); return err }, "db"},
-		{"negative Lease", func() error { _, err := dedupe.New(e.db.Pool, &dedupe.Config{Lease: -time.Second}); return err }, "Lease"},
+		{"New with nil db", func() error { _, err := dedupe.New(nil, dedupe.Config{}); return err }, "db"},
+		{"negative Lease", func() error { _, err := dedupe.New(e.db.Pool, dedupe.Config{Lease: -time.Second}); return err }, "Lease"},
 		{"negative Retention", func() error {
-			_, err := dedupe.New(e.db.Pool, &dedupe.Config{Retention: -time.Hour})
+			_, err := dedupe.New(e.db.Pool, dedupe.Config{Retention: -time.Hour})
 			return err
 		}, "Retention"},
 		{"Retention shorter than Lease", func() error {
-			_, err := dedupe.New(e.db.Pool, &dedupe.Config{Lease: time.Hour, Retention: time.Minute})
+			_, err := dedupe.New(e.db.Pool, dedupe.Config{Lease: time.Hour, Retention: time.Minute})
 			return err
 		}, "Retention"},
 		{"negative PurgeBatchSize", func() error {
-			_, err := dedupe.New(e.db.Pool, &dedupe.Config{PurgeBatchSize: -1})
+			_, err := dedupe.New(e.db.Pool, dedupe.Config{PurgeBatchSize: -1})
 			return err
 		}, "PurgeBatchSize"},
 		{"Table of 56 bytes", func() error {
-			_, err := dedupe.New(e.db.Pool, &dedupe.Config{Table: strings.Repeat("t", 56)})
+			_, err := dedupe.New(e.db.Pool, dedupe.Config{Table: strings.Repeat("t", 56)})
 			return err
 		}, "Table"},
-		{"NewMigrator with nil db", func() error { _, err := dedupe.NewMigrator(nil, nil); return err }, "db"},
+		{"NewMigrator with nil db", func() error { _, err := dedupe.NewMigrator(nil, dedupe.MigrateConfig{}); return err }, "db"},
 		{"Migrate with a bad config", func() error {
-			return dedupe.Migrate(context.Background(), e.db.Pool, &dedupe.Config{Lease: -1})
-		}, "Lease"},
-		{"PlainSQL with a bad config", func() error { _, err := dedupe.PlainSQL(&dedupe.Config{Retention: -1}); return err }, "Retention"},
+			return dedupe.Migrate(context.Background(), e.db.Pool, dedupe.MigrateConfig{OutboxTable: strings.Repeat("t", 49)})
+		}, "OutboxTable"},
+		{"PlainSQL with a bad config", func() error {
+			_, err := dedupe.PlainSQL(dedupe.MigrateConfig{Lines: []dedupe.Line{"nope"}})
+			return err
+		}, "Lines"},
 		{"NewConsumer with nil inbox", func() error {
 			_, err := dedupe.NewConsumer(nil, dedupe.ConsumerConfig[string]{Scope: "s", Key: key}, h)
 			return err

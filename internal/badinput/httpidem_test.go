@@ -41,7 +41,7 @@ func setupIdem(t *testing.T, cfg httpidem.Config) *idemEnv {
 		ie.lastErr.Store(&err)
 		httpidem.WriteError(w, r, err)
 	}
-	mw, err := httpidem.New(ie.db.Pool, &cfg)
+	mw, err := httpidem.New(ie.db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,8 +222,8 @@ func TestIdempotencyConfigRefusals(t *testing.T) {
 		"hop-by-hop header stored": "StoredHeaders", "Connection stored": "StoredHeaders",
 	}
 	for name, c := range cases {
-		_, err := httpidem.New(c.db, &c.cfg)
-		var ce *httpidem.ConfigError
+		_, err := httpidem.New(c.db, c.cfg)
+		var ce *dedupe.ConfigError
 		var dce *dedupe.ConfigError
 		if !errors.As(err, &ce) && !errors.As(err, &dce) {
 			t.Errorf("%s: err = %v, want a *ConfigError", name, err)
@@ -231,8 +231,8 @@ func TestIdempotencyConfigRefusals(t *testing.T) {
 		if field := configField(err); field != fields[name] {
 			t.Errorf("%s: err = %v names field %q, want %q", name, err, field, fields[name])
 		}
-		if ce != nil && !errors.Is(err, httpidem.ErrInvalidConfig) {
-			t.Errorf("%s: err = %v does not match httpidem.ErrInvalidConfig", name, err)
+		if ce != nil && !errors.Is(err, dedupe.ErrInvalidConfig) {
+			t.Errorf("%s: err = %v does not match dedupe.ErrInvalidConfig", name, err)
 		}
 	}
 	e.assertNothingWritten(t)

@@ -8,8 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/dedupe"
-	"github.com/exactlyonce/dedupe/adapters/webhook"
-	"github.com/exactlyonce/dedupe/httpidem"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 )
 
@@ -24,11 +22,11 @@ type env struct {
 func setup(t *testing.T) *env {
 	t.Helper()
 	db := dbtest.New(t, dbtest.Options{MaxConns: 4})
-	if err := dedupe.Migrate(context.Background(), db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(context.Background(), db.Pool, dedupe.MigrateConfig{}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	db.Exec(t, `CREATE TABLE effects (id bigserial PRIMARY KEY, msg_id text NOT NULL)`)
-	inbox, err := dedupe.New(db.Pool, nil)
+	inbox, err := dedupe.New(db.Pool, dedupe.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,8 +53,8 @@ func (e *env) assertNothingWritten(t *testing.T) {
 // configField is the field named by the *ConfigError in err's chain: the
 // webhook's or httpidem's own, else the core's ("" when there is none).
 func configField(err error) string {
-	var we *webhook.ConfigError
-	var he *httpidem.ConfigError
+	var we *dedupe.ConfigError
+	var he *dedupe.ConfigError
 	var de *dedupe.ConfigError
 	switch {
 	case errors.As(err, &we):

@@ -23,7 +23,7 @@ func TestOutboxRefusals(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	ctx := context.Background()
-	ob, err := dedupe.NewOutbox(e.db.Pool, nil)
+	ob, err := dedupe.NewOutbox(e.db.Pool, dedupe.OutboxConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,21 +129,24 @@ func TestKafkaAdapterRefusals(t *testing.T) {
 			_, err := dedupekafka.New(e.inbox, reader("g"), dedupekafka.Config{RetryBackoff: time.Second, MaxRetryBackoff: time.Millisecond}, h)
 			return err
 		},
-		"publisher: nil writer": func() error { _, err := dedupekafka.NewOutboxPublisher(nil, nil); return err },
+		"publisher: nil writer": func() error {
+			_, err := dedupekafka.NewOutboxPublisher(nil, dedupekafka.OutboxPublisherConfig{})
+			return err
+		},
 		"publisher: writer with a Topic": func() error {
-			_, err := dedupekafka.NewOutboxPublisher(&kafka.Writer{Topic: "t", RequiredAcks: kafka.RequireAll, Balancer: &kafka.Hash{}}, nil)
+			_, err := dedupekafka.NewOutboxPublisher(&kafka.Writer{Topic: "t", RequiredAcks: kafka.RequireAll, Balancer: &kafka.Hash{}}, dedupekafka.OutboxPublisherConfig{})
 			return err
 		},
 		"publisher: RequireOne": func() error {
-			_, err := dedupekafka.NewOutboxPublisher(&kafka.Writer{RequiredAcks: kafka.RequireOne, Balancer: &kafka.Hash{}}, nil)
+			_, err := dedupekafka.NewOutboxPublisher(&kafka.Writer{RequiredAcks: kafka.RequireOne, Balancer: &kafka.Hash{}}, dedupekafka.OutboxPublisherConfig{})
 			return err
 		},
 		"publisher: Async": func() error {
-			_, err := dedupekafka.NewOutboxPublisher(&kafka.Writer{RequiredAcks: kafka.RequireAll, Async: true, Balancer: &kafka.Hash{}}, nil)
+			_, err := dedupekafka.NewOutboxPublisher(&kafka.Writer{RequiredAcks: kafka.RequireAll, Async: true, Balancer: &kafka.Hash{}}, dedupekafka.OutboxPublisherConfig{})
 			return err
 		},
 		"publisher: round-robin": func() error {
-			_, err := dedupekafka.NewOutboxPublisher(&kafka.Writer{RequiredAcks: kafka.RequireAll, Balancer: &kafka.RoundRobin{}}, nil)
+			_, err := dedupekafka.NewOutboxPublisher(&kafka.Writer{RequiredAcks: kafka.RequireAll, Balancer: &kafka.RoundRobin{}}, dedupekafka.OutboxPublisherConfig{})
 			return err
 		},
 	}
@@ -182,19 +185,22 @@ func TestNATSAdapterRefusals(t *testing.T) {
 	}
 	h := func(ctx context.Context, tx pgx.Tx, m jetstream.Msg) error { return nil }
 	cases := map[string]func() error{
-		"nil inbox":        func() error { _, err := dedupenats.New(nil, good, h, nil); return err },
-		"nil consumer":     func() error { _, err := dedupenats.New(e.inbox, nil, h, nil); return err },
-		"nil handler":      func() error { _, err := dedupenats.New(e.inbox, good, nil, nil); return err },
-		"AckNone consumer": func() error { _, err := dedupenats.New(e.inbox, ackNone, h, nil); return err },
+		"nil inbox":        func() error { _, err := dedupenats.New(nil, good, dedupenats.Config{}, h); return err },
+		"nil consumer":     func() error { _, err := dedupenats.New(e.inbox, nil, dedupenats.Config{}, h); return err },
+		"nil handler":      func() error { _, err := dedupenats.New(e.inbox, good, dedupenats.Config{}, nil); return err },
+		"AckNone consumer": func() error { _, err := dedupenats.New(e.inbox, ackNone, dedupenats.Config{}, h); return err },
 		"Open without Durable": func() error {
-			_, err := dedupenats.Open(ctx, e.inbox, js, "BAD", jetstream.ConsumerConfig{AckPolicy: jetstream.AckExplicitPolicy}, h, nil)
+			_, err := dedupenats.Open(ctx, e.inbox, js, "BAD", jetstream.ConsumerConfig{AckPolicy: jetstream.AckExplicitPolicy}, dedupenats.Config{}, h)
 			return err
 		},
 		"Open with AckAll": func() error {
-			_, err := dedupenats.Open(ctx, e.inbox, js, "BAD", jetstream.ConsumerConfig{Durable: "all", AckPolicy: jetstream.AckAllPolicy}, h, nil)
+			_, err := dedupenats.Open(ctx, e.inbox, js, "BAD", jetstream.ConsumerConfig{Durable: "all", AckPolicy: jetstream.AckAllPolicy}, dedupenats.Config{}, h)
 			return err
 		},
-		"outbox publisher without js": func() error { _, err := dedupenats.NewOutboxPublisher(nil, nil); return err },
+		"outbox publisher without js": func() error {
+			_, err := dedupenats.NewOutboxPublisher(nil, dedupenats.OutboxPublisherConfig{})
+			return err
+		},
 	}
 	assertConfigErrors(t, cases, map[string]string{
 		"nil inbox": "inbox", "nil consumer": "consumer", "nil handler": "handler", "AckNone consumer": "consumer",

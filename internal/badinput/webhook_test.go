@@ -392,13 +392,13 @@ func TestWebhookConfigRefusals(t *testing.T) {
 	}
 	for name, call := range cases {
 		err := call()
-		if !errors.Is(err, webhook.ErrInvalidConfig) {
+		if !errors.Is(err, dedupe.ErrInvalidConfig) {
 			t.Errorf("%s: err = %v, want ErrInvalidConfig", name, err)
 		}
-		// The webhook's own fields are a *webhook.ConfigError; what the core
+		// The webhook's own fields are a *dedupe.ConfigError; what the core
 		// refuses (nil inbox or handler, a bad scope) stays a
 		// *dedupe.ConfigError in the chain.
-		var ce *webhook.ConfigError
+		var ce *dedupe.ConfigError
 		var dce *dedupe.ConfigError
 		if !errors.As(err, &ce) && !errors.As(err, &dce) {
 			t.Errorf("%s: err %v carries no *ConfigError", name, err)

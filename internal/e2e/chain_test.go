@@ -105,11 +105,11 @@ func newService(t *testing.T) *service {
 	t.Helper()
 	db := dbtest.New(t)
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, db.Pool, dedupe.MigrateConfig{}); err != nil {
 		t.Fatal(err)
 	}
 	db.Exec(t, `CREATE TABLE effects (order_id text NOT NULL)`)
-	inbox, err := dedupe.New(db.Pool, nil)
+	inbox, err := dedupe.New(db.Pool, dedupe.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,8 +166,8 @@ func TestChainExactlyOnceUnderFaults(t *testing.T) {
 		}
 		return dropAckConsumer{Consumer: c, drop: drop}
 	}
-	runCfg := func(key func(jetstream.Msg) (string, error)) *dedupenats.Config {
-		return &dedupenats.Config{Key: key, Workers: 4, Heartbeat: 300 * time.Millisecond,
+	runCfg := func(key func(jetstream.Msg) (string, error)) dedupenats.Config {
+		return dedupenats.Config{Key: key, Workers: 4, Heartbeat: 300 * time.Millisecond,
 			Backoff: func(int) time.Duration { return 20 * time.Millisecond }, DrainTimeout: 5 * time.Second,
 			MaxAttempts: -1}
 	}
@@ -176,7 +176,7 @@ func TestChainExactlyOnceUnderFaults(t *testing.T) {
 	// Service A: claims the order, records its effect and enqueues the
 	// follow-up in the same transaction.
 	a := newService(t)
-	outbox, err := dedupe.NewOutbox(a.db.Pool, nil)
+	outbox, err := dedupe.NewOutbox(a.db.Pool, dedupe.OutboxConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +197,7 @@ func TestChainExactlyOnceUnderFaults(t *testing.T) {
 		return kindOf(o) == faultDropAck && f.once("a/drop", o)
 	}
 	newA := func() *dedupenats.Runner {
-		r, err := dedupenats.New(a.inbox, consumer("IN", "svc-a", dropA), handleA, runCfg(dedupenats.HeaderKey("Order-Id")))
+		r, err := dedupenats.New(a.inbox, consumer("IN", "svc-a", dropA), runCfg(dedupenats.HeaderKey("Order-Id")), handleA)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -217,8 +217,8 @@ func TestChainExactlyOnceUnderFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(relayPool.Close)
-	relayOutbox, _ := dedupe.NewOutbox(relayPool, nil)
-	pub, err := dedupenats.NewOutboxPublisher(js, &dedupenats.OutboxPublisherConfig{Stream: "OUT"})
+	relayOutbox, _ := dedupe.NewOutbox(relayPool, dedupe.OutboxConfig{})
+	pub, err := dedupenats.NewOutboxPublisher(js, dedupenats.OutboxPublisherConfig{Stream: "OUT"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +253,7 @@ func TestChainExactlyOnceUnderFaults(t *testing.T) {
 		o := string(m.Data())
 		return kindOf(o) == faultDropAck && f.once("b/drop", o)
 	}
-	rb, err := dedupenats.New(b.inbox, consumer("OUT", "svc-b", dropB), handleB, runCfg(nil))
+	rb, err := dedupenats.New(b.inbox, consumer("OUT", "svc-b", dropB), runCfg(nil), handleB)
 	if err != nil {
 		t.Fatal(err)
 	}

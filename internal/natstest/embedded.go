@@ -9,8 +9,8 @@ import (
 )
 
 // Embedded is an in-process NATS server with JetStream, storing in its own
-// temporary directory, and one client connection to it: what the soak, the
-// bench and the quickstart run against.
+// temporary directory, and one client connection to it: what the soak and
+// the bench run against (the examples use the public examples/embedded).
 type Embedded struct {
 	Server *server.Server
 	Conn   *nats.Conn

@@ -18,10 +18,10 @@ import (
 func New(t testing.TB) (*dbtest.DB, *dedupe.Outbox) {
 	t.Helper()
 	db := dbtest.New(t)
-	if err := dedupe.Migrate(context.Background(), db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(context.Background(), db.Pool, dedupe.MigrateConfig{}); err != nil {
 		t.Fatalf("outboxtest: migrate: %v", err)
 	}
-	ob, err := dedupe.NewOutbox(db.Pool, nil)
+	ob, err := dedupe.NewOutbox(db.Pool, dedupe.OutboxConfig{})
 	if err != nil {
 		t.Fatalf("outboxtest: %v", err)
 	}

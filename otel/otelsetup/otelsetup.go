@@ -41,7 +41,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Config configures Start. The zero value (or nil) is usable.
+// Config configures Start. The zero value is usable.
 type Config struct {
 	// ServiceName is the resource's service.name unless OTEL_SERVICE_NAME
 	// or OTEL_RESOURCE_ATTRIBUTES set it. Defaults to the executable's
@@ -75,11 +75,8 @@ type Telemetry struct {
 // Start builds the tracer and meter providers the environment describes,
 // installs them and the propagator as the otel globals, and returns them.
 // Call Shutdown before the program exits: it flushes what is buffered.
-func Start(ctx context.Context, cfg *Config) (*Telemetry, error) {
-	var c Config
-	if cfg != nil {
-		c = *cfg
-	}
+func Start(ctx context.Context, cfg Config) (*Telemetry, error) {
+	c := cfg
 	if c.ServiceName == "" {
 		c.ServiceName = strings.TrimSuffix(filepath.Base(os.Args[0]), ".exe")
 	}

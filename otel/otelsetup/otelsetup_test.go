@@ -52,7 +52,7 @@ func TestConsoleTraces(t *testing.T) {
 }
 
 func consoleChild() {
-	tel, err := otelsetup.Start(context.Background(), &otelsetup.Config{ServiceName: "default-name"})
+	tel, err := otelsetup.Start(context.Background(), otelsetup.Config{ServiceName: "default-name"})
 	if err != nil {
 		panic(err)
 	}
@@ -73,7 +73,7 @@ func TestUnsetIsNone(t *testing.T) {
 	t.Setenv("OTEL_TRACES_EXPORTER", "")
 	t.Setenv("OTEL_METRICS_EXPORTER", "")
 	before := otel.GetTracerProvider()
-	tel, err := otelsetup.Start(context.Background(), &otelsetup.Config{Prometheus: true})
+	tel, err := otelsetup.Start(context.Background(), otelsetup.Config{Prometheus: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestUnsetIsNone(t *testing.T) {
 // TestUnknownExporter is refused.
 func TestUnknownExporter(t *testing.T) {
 	t.Setenv("OTEL_TRACES_EXPORTER", "carrier-pigeon")
-	if _, err := otelsetup.Start(context.Background(), nil); err == nil {
+	if _, err := otelsetup.Start(context.Background(), otelsetup.Config{}); err == nil {
 		t.Fatal("an unknown exporter was accepted")
 	}
 }

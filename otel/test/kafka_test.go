@@ -26,7 +26,7 @@ func TestTraceThroughKafka(t *testing.T) {
 		w := dedupekafka.NewOutboxWriter(brokers...)
 		w.Transport = &kafka.Transport{}
 		t.Cleanup(func() { _ = w.Close(); w.Transport.(*kafka.Transport).CloseIdleConnections() })
-		pub, err := dedupekafka.NewOutboxPublisher(w, nil)
+		pub, err := dedupekafka.NewOutboxPublisher(w, dedupekafka.OutboxPublisherConfig{})
 		if err != nil {
 			t.Fatal(err)
 		}

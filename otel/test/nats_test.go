@@ -38,7 +38,7 @@ func TestTraceThroughNATS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pub, err := dedupenats.NewOutboxPublisher(js, nil)
+		pub, err := dedupenats.NewOutboxPublisher(js, dedupenats.OutboxPublisherConfig{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,7 +49,7 @@ func TestTraceThroughNATS(t *testing.T) {
 		return &transport{
 			system: "nats", destination: "orders.created", group: "billing", publisher: pub,
 			start: func(t *testing.T, inbox *dedupe.Inbox, effect effectFunc) func() {
-				r, err := dedupenats.New(inbox, cons, func(ctx context.Context, tx pgx.Tx, m jetstream.Msg) error {
+				r, err := dedupenats.New(inbox, cons, dedupenats.Config{Key: dedupenats.HeaderKey(orderHdr), Logger: dbtest.Logger(t)}, func(ctx context.Context, tx pgx.Tx, m jetstream.Msg) error {
 					id := m.Headers().Get(orderHdr)
 					mu.Lock()
 					if seen[id] == nil {
@@ -57,7 +57,7 @@ func TestTraceThroughNATS(t *testing.T) {
 					}
 					mu.Unlock()
 					return effect(ctx, tx, id)
-				}, &dedupenats.Config{Key: dedupenats.HeaderKey(orderHdr), Logger: dbtest.Logger(t)})
+				})
 				if err != nil {
 					t.Fatal(err)
 				}

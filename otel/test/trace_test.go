@@ -53,18 +53,17 @@ type transport struct {
 func endToEnd(t *testing.T, newTransport func(t *testing.T) *transport) {
 	db := dbtest.New(t)
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, db.Pool, dedupe.MigrateConfig{}); err != nil {
 		t.Fatal(err)
 	}
 	db.Exec(t, `CREATE TABLE effects (id bigserial PRIMARY KEY, order_id text NOT NULL)`)
 	tr := newTransport(t)
 	tel := oteltest.New(t, &dedupeotel.Config{OutboxSystem: tr.system})
-	cfg := &dedupe.Config{Observer: tel.Obs, Logger: dbtest.Logger(t)}
-	inbox, err := dedupe.New(db.Pool, cfg)
+	inbox, err := dedupe.New(db.Pool, dedupe.Config{Observer: tel.Obs, Logger: dbtest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	outbox, err := dedupe.NewOutbox(db.Pool, cfg)
+	outbox, err := dedupe.NewOutbox(db.Pool, dedupe.OutboxConfig{Observer: tel.Obs, Logger: dbtest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,6 +202,19 @@ func endToEnd(t *testing.T, newTransport func(t *testing.T) *transport) {
 	}
 	if n, _ := tel.Histogram(t, "dedupe.outbox.publish.lag"); n != orders {
 		t.Errorf("publish lag points = %d", n)
+	}
+	// The adapter's transport events: nothing refused, given up on or left
+	// unacknowledged; a Kafka runner committed the offsets when it stopped.
+	for _, name := range []string{dedupe.EventRefused, dedupe.EventTerminated, dedupe.EventAckFailed} {
+		if n := tel.Sum(t, "dedupe.transport.events", dedupeotel.EventKey.String(name)); n != 0 {
+			t.Errorf("transport events %s = %d, want none", name, n)
+		}
+	}
+	if tr.system == "kafka" {
+		if n := tel.Sum(t, "dedupe.transport.events", dedupeotel.EventKey.String(dedupe.EventOffsetsCommitted),
+			semconv.MessagingSystemKey.String("kafka")); n < 1 {
+			t.Errorf("offsets committed = %d partitions, want at least 1", n)
+		}
 	}
 }
 

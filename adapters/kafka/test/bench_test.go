@@ -12,6 +12,7 @@ import (
 	"github.com/exactlyonce/dedupe"
 	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
+	"github.com/exactlyonce/dedupe/internal/observetest"
 )
 
 // benchEnv is one benchmark run's schema, broker and topic (one partition,
@@ -23,12 +24,12 @@ type benchEnv struct {
 func newBenchEnv(b *testing.B) *benchEnv {
 	db := dbtest.New(b, dbtest.Options{MaxConns: 4})
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, db.Pool, dedupe.MigrateConfig{}); err != nil {
 		b.Fatal(err)
 	}
 	db.Exec(b, `CREATE TABLE effects (id bigserial PRIMARY KEY, msg_id text NOT NULL, part int, off bigint, body bytea)`)
 	log := newTestLog(b)
-	inbox, err := dedupe.New(db.Pool, &dedupe.Config{Logger: log.logger})
+	inbox, err := dedupe.New(db.Pool, dedupe.Config{Logger: log.logger})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -77,17 +78,23 @@ func (e *benchEnv) runner(b *testing.B, batch int, h dedupekafka.HandlerFunc, bh
 		err error
 	)
 	rc := readerConfig(e.b.brokers, e.b.group, e.b.topic)
+	// The runner's own inbox counts its batches.
+	obs := observetest.New()
+	inbox, err := dedupe.New(e.b.db.Pool, dedupe.Config{Observer: obs})
+	if err != nil {
+		b.Fatal(err)
+	}
 	if bh != nil {
-		r, err = dedupekafka.NewBatch(e.b.inbox, rc, dedupekafka.Config{BatchSize: batch}, bh)
+		r, err = dedupekafka.NewBatch(inbox, rc, dedupekafka.Config{BatchSize: batch}, bh)
 	} else {
-		r, err = dedupekafka.New(e.b.inbox, rc, dedupekafka.Config{BatchSize: batch}, h)
+		r, err = dedupekafka.New(inbox, rc, dedupekafka.Config{BatchSize: batch}, h)
 	}
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() {
-		if s := r.Stats(); s.Batches > 0 {
-			b.ReportMetric(float64(s.Handled)/float64(s.Batches), "msgs/batch")
+		if n := obs.Events(dedupe.EventBatchHandled); n > 0 {
+			b.ReportMetric(float64(obs.Covered(dedupe.EventBatchHandled))/float64(n), "msgs/batch")
 		}
 	})
 	return func(ctx context.Context) {

@@ -11,13 +11,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/exactlyonce/dedupe"
 	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 )
 
 // A poisoned message whose dead-letter write keeps failing (the writer's
 // broker is unreachable): after DeadLetterAttempts tries its partition
-// pauses, reported in the log and Stats, with its offset at the poisoned
+// pauses, reported in the log and to the Observer, with its offset at the poisoned
 // message; the other partitions finish. A member with a working dead-letter
 // topic then takes the partition over and completes it.
 func TestFailingDeadLetterPausesOnlyItsPartition(t *testing.T) {
@@ -49,7 +50,7 @@ func TestFailingDeadLetterPausesOnlyItsPartition(t *testing.T) {
 		p := int(poisonPart.Load())
 		var err error
 		lags, err = partitionLags(context.Background(), b.brokers, b.group, b.topic)
-		if err != nil || p < 0 || len(lags) != 4 || m.runner.Stats().Paused != 1 {
+		if err != nil || p < 0 || len(lags) != 4 || m.events(dedupe.EventPartitionPaused) != 1 {
 			return false
 		}
 		for q, l := range lags {
@@ -60,9 +61,8 @@ func TestFailingDeadLetterPausesOnlyItsPartition(t *testing.T) {
 		return true
 	})
 	p, off := int(poisonPart.Load()), poisonOff.Load()
-	s := m.runner.Stats()
-	if s.DeadLetterErrors != 3 || s.DeadLettered != 0 || s.GivenUp != 0 {
-		t.Fatalf("want 3 failed dead-letter writes and nothing given up: %+v", s)
+	if m.events(dedupe.EventDeadLetterFailed) != 3 || m.events(dedupe.EventDeadLettered) != 0 || m.events(dedupe.EventTerminated) != 0 {
+		t.Fatalf("want 3 failed dead-letter writes and nothing given up: %s", m.obs)
 	}
 	if !b.log.contains("pausing the partition", fmt.Sprintf("orders/%d@%d (attempt 3)", p, off), "connection refused") ||
 		!b.log.contains("partition paused", dedupekafka.ErrPartitionPaused.Error()) {
@@ -90,8 +90,8 @@ func TestFailingDeadLetterPausesOnlyItsPartition(t *testing.T) {
 	m2 := b.start(t, cfg, h)
 	b.waitDrained(t, 60*time.Second)
 	b.wantEffects(t, total-1)
-	if s := m2.runner.Stats(); s.DeadLettered != 1 || s.Paused != 0 {
-		t.Fatalf("second member: want the poison dead-lettered: %+v", s)
+	if m2.events(dedupe.EventDeadLettered) != 1 || m2.events(dedupe.EventPartitionPaused) != 0 || m2.events(dedupe.EventTerminated) != 1 {
+		t.Fatalf("second member: want the poison dead-lettered: %s", m2.obs)
 	}
 	if n := topicSize(t, b.brokers, "orders.dlq"); n != 1 {
 		t.Fatalf("dead letters = %d, want 1", n)

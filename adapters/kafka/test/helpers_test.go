@@ -17,6 +17,7 @@ import (
 	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 	"github.com/exactlyonce/dedupe/internal/kafkatest"
+	"github.com/exactlyonce/dedupe/internal/observetest"
 )
 
 // cluster starts an in-process Kafka-protocol broker whose group
@@ -151,12 +152,12 @@ type bundle struct {
 func setup(t *testing.T, partitions int32) *bundle {
 	t.Helper()
 	db := dbtest.New(t, dbtest.Options{MaxConns: 8})
-	if err := dedupe.Migrate(context.Background(), db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(context.Background(), db.Pool, dedupe.MigrateConfig{}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	db.Exec(t, `CREATE TABLE effects (id bigserial PRIMARY KEY, msg_id text NOT NULL, part int, off bigint, body bytea)`)
 	log := newTestLog(t)
-	inbox, err := dedupe.New(db.Pool, &dedupe.Config{Logger: log.logger})
+	inbox, err := dedupe.New(db.Pool, dedupe.Config{Logger: log.logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,41 +210,66 @@ func numbered(n int, format string, body []byte) []kafka.Message {
 	return msgs
 }
 
-// member is one running group member.
+// member is one running group member, with an inbox of its own whose
+// Observer counts what the member did.
 type member struct {
 	runner *dedupekafka.Runner
+	obs    *observetest.Observer
 	cancel context.CancelFunc
 	done   chan error
 	once   atomic.Bool
 }
 
+// handled is how many messages the member handled, their effects committed.
+func (m *member) handled() int64 { return m.obs.Handled(dedupe.OutcomeClaimed) }
+
+// duplicates is how many messages the member found complete.
+func (m *member) duplicates() int64 { return m.obs.Handled(dedupe.OutcomeDuplicate) }
+
+// events is how many transport events named name the member reported.
+func (m *member) events(name string) int64 { return m.obs.Events(name) }
+
 // start runs a Runner of the bundle's group and stops it at cleanup; tune
 // edits its reader configuration.
 func (b *bundle) start(t *testing.T, cfg dedupekafka.Config, h dedupekafka.HandlerFunc, tune ...func(*kafka.ReaderConfig)) *member {
 	t.Helper()
-	return b.startWith(t, func(rc kafka.ReaderConfig) (*dedupekafka.Runner, error) { return dedupekafka.New(b.inbox, rc, cfg, h) }, tune...)
+	return b.startWith(t, dedupe.Config{}, func(inbox *dedupe.Inbox, rc kafka.ReaderConfig) (*dedupekafka.Runner, error) {
+		return dedupekafka.New(inbox, rc, cfg, h)
+	}, tune...)
 }
 
 // startBatch is start for a batch handler (NewBatch).
 func (b *bundle) startBatch(t *testing.T, cfg dedupekafka.Config, h dedupekafka.BatchHandlerFunc) *member {
 	t.Helper()
-	return b.startWith(t, func(rc kafka.ReaderConfig) (*dedupekafka.Runner, error) {
-		return dedupekafka.NewBatch(b.inbox, rc, cfg, h)
+	return b.startWith(t, dedupe.Config{}, func(inbox *dedupe.Inbox, rc kafka.ReaderConfig) (*dedupekafka.Runner, error) {
+		return dedupekafka.NewBatch(inbox, rc, cfg, h)
 	})
 }
 
-func (b *bundle) startWith(t *testing.T, build func(kafka.ReaderConfig) (*dedupekafka.Runner, error), tune ...func(*kafka.ReaderConfig)) *member {
+// startWith runs the Runner build returns for an inbox with icfg over the
+// bundle's schema (with the member's counting Observer and, by default, the
+// test's logger).
+func (b *bundle) startWith(t *testing.T, icfg dedupe.Config, build func(*dedupe.Inbox, kafka.ReaderConfig) (*dedupekafka.Runner, error), tune ...func(*kafka.ReaderConfig)) *member {
 	t.Helper()
 	rc := readerConfig(b.brokers, b.group, b.topic)
 	for _, f := range tune {
 		f(&rc)
 	}
-	runner, err := build(rc)
+	obs := observetest.New()
+	icfg.Observer = obs
+	if icfg.Logger == nil {
+		icfg.Logger = b.log.logger
+	}
+	inbox, err := dedupe.New(b.db.Pool, icfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runner, err := build(inbox, rc)
 	if err != nil {
 		t.Fatalf("new runner: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &member{runner: runner, cancel: cancel, done: make(chan error, 1)}
+	m := &member{runner: runner, obs: obs, cancel: cancel, done: make(chan error, 1)}
 	go func() { m.done <- runner.Run(ctx) }()
 	t.Cleanup(func() { m.stop(t) })
 	return m

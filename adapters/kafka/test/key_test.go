@@ -76,9 +76,9 @@ func TestKeylessRefusedAcrossTopicRecreation(t *testing.T) {
 	if n := b.effects(t); n != 0 {
 		t.Fatalf("effects = %d, want none: a message without a key is not handled", n)
 	}
-	s1, s2 := m1.runner.Stats(), m2.runner.Stats()
-	if s1.GivenUp != 5 || s2.GivenUp != 8 || s2.Duplicates != 0 || s2.DeadLettered != 8 {
-		t.Fatalf("want 5 then 8 refused and dead-lettered, no duplicate: %+v %+v", s1, s2)
+	if m1.events(dedupe.EventTerminated) != 5 || m2.events(dedupe.EventTerminated) != 8 || m2.duplicates() != 0 ||
+		m2.events(dedupe.EventDeadLettered) != 8 || m2.events(dedupe.EventRefused) != 8 || m2.obs.Started("") != 0 {
+		t.Fatalf("want 5 then 8 refused and dead-lettered, never handled: %s; %s", m1.obs, m2.obs)
 	}
 	if n := b.db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE state = 'failed' AND key LIKE $1 AND last_error LIKE '%no usable key%'",
 		dedupekafka.RefusedKeyPrefix+"orders/0/%"); n != 13 {
@@ -105,8 +105,8 @@ func TestKeylessWithoutDeadLetterRecordedFailed(t *testing.T) {
 			m := b.start(t, dedupekafka.Config{BatchSize: batch, Linger: 100 * time.Millisecond}, insertEffect)
 			b.waitDrained(t, 30*time.Second)
 			b.wantEffects(t, 2)
-			if s := m.runner.Stats(); s.GivenUp != 1 || s.Handled != 2 {
-				t.Fatalf("want 2 handled and 1 refused: %+v", s)
+			if m.events(dedupe.EventTerminated) != 1 || m.events(dedupe.EventRefused) != 1 || m.handled() != 2 {
+				t.Fatalf("want 2 handled and 1 refused: %s", m.obs)
 			}
 			rows, err := b.db.Pool.Query(context.Background(), "SELECT key FROM dedupe_inbox WHERE state = 'failed'")
 			if err != nil {
@@ -142,8 +142,8 @@ func TestOffsetKeyFallbackOptIn(t *testing.T) {
 	if n := b.db.Count(t, "SELECT count(*) FROM effects WHERE msg_id = 'orders/0/' || off"); n != 3 {
 		t.Fatalf("effects keyed by offset = %d, want 3", n)
 	}
-	if s := m.runner.Stats(); s.Handled != 3 || s.GivenUp != 0 {
-		t.Fatalf("stats %+v", s)
+	if m.handled() != 3 || m.events(dedupe.EventTerminated) != 0 {
+		t.Fatalf("observed %s, want 3 handled", m.obs)
 	}
 }
 
@@ -160,8 +160,8 @@ func TestKeyFuncErrorRefused(t *testing.T) {
 	}}, insertEffect)
 	b.waitDrained(t, 30*time.Second)
 	b.wantEffects(t, 1)
-	if s := m.runner.Stats(); s.GivenUp != 1 {
-		t.Fatalf("stats %+v", s)
+	if m.events(dedupe.EventTerminated) != 1 || m.events(dedupe.EventRefused) != 1 {
+		t.Fatalf("observed %s, want 1 refused", m.obs)
 	}
 	if n := b.db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE state = 'failed' AND last_error LIKE '%no order id in body%'"); n != 1 {
 		t.Fatal("the refused message is not failed in the inbox with its reason")
@@ -184,8 +184,8 @@ func TestTopicRecreatedUnderRunningMember(t *testing.T) {
 	b.produce(t, numbered(8, "new-%d", nil)...)
 	b.waitDrained(t, 30*time.Second)
 	b.wantEffects(t, 13)
-	if s := m.runner.Stats(); s.Handled != 13 || s.Duplicates != 0 {
-		t.Fatalf("stats %+v, want 13 handled", s)
+	if m.handled() != 13 || m.duplicates() != 0 {
+		t.Fatalf("observed %s, want 13 handled", m.obs)
 	}
 }
 
@@ -211,8 +211,8 @@ func TestCommittedOffsetBeyondEndResumesAtFirst(t *testing.T) {
 	if !b.log.contains("beyond the end of the partition", "resuming at its first offset") {
 		t.Fatal("the out-of-range offset was not logged")
 	}
-	if s := m.runner.Stats(); s.Handled != 3 {
-		t.Fatalf("stats %+v", s)
+	if m.handled() != 3 {
+		t.Fatalf("observed %s, want 3 handled", m.obs)
 	}
 }
 
@@ -237,8 +237,8 @@ func TestRetentionLossLogged(t *testing.T) {
 	m := b.start(t, dedupekafka.Config{}, insertEffect)
 	b.waitDrained(t, 30*time.Second)
 	b.wantEffects(t, 5)
-	if s := m.runner.Stats(); s.Handled != 5 {
-		t.Fatalf("stats %+v", s)
+	if m.handled() != 5 {
+		t.Fatalf("observed %s, want 5 handled", m.obs)
 	}
 	if !b.log.contains("ERROR", "retention deleted messages", "first_lost=2", "last_lost=4") {
 		t.Fatal("the lost offsets were not logged as an error")

@@ -39,7 +39,7 @@ func outboxSetup(t *testing.T, brokers []string) *outboxEnv {
 	w.Transport = &kafka.Transport{}
 	w.WriteBackoffMin, w.WriteBackoffMax, w.MaxAttempts = 10*time.Millisecond, 50*time.Millisecond, 2
 	t.Cleanup(func() { _ = w.Close(); w.Transport.(*kafka.Transport).CloseIdleConnections() })
-	pub, err := dedupekafka.NewOutboxPublisher(w, nil)
+	pub, err := dedupekafka.NewOutboxPublisher(w, dedupekafka.OutboxPublisherConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestOutboxPublisherRefusesUnsafeWriters(t *testing.T) {
 		"async":       {Addr: kafka.TCP("x"), Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, Async: true},
 		"topic":       {Addr: kafka.TCP("x"), Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, Topic: "t"},
 	} {
-		if _, err := dedupekafka.NewOutboxPublisher(w, nil); !errors.Is(err, dedupe.ErrInvalidConfig) {
+		if _, err := dedupekafka.NewOutboxPublisher(w, dedupekafka.OutboxPublisherConfig{}); !errors.Is(err, dedupe.ErrInvalidConfig) {
 			t.Fatalf("%s: %v", name, err)
 		}
 	}
@@ -303,16 +303,16 @@ func ExampleNewOutboxPublisher() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		log.Fatal(err)
 	}
-	outbox, err := dedupe.NewOutbox(pool, nil)
+	outbox, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{})
 	if err != nil {
 		log.Fatal(err)
 	}
 	w := dedupekafka.NewOutboxWriter("127.0.0.1:9092")
 	defer w.Close()
-	pub, err := dedupekafka.NewOutboxPublisher(w, nil)
+	pub, err := dedupekafka.NewOutboxPublisher(w, dedupekafka.OutboxPublisherConfig{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/exactlyonce/dedupe"
 	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 )
@@ -51,8 +52,8 @@ func TestBlockedPartitionOthersFinish(t *testing.T) {
 	released = true
 	b.waitDrained(t, 60*time.Second)
 	b.wantEffects(t, total)
-	if s := m.runner.Stats(); s.Handled != total || s.Commits == 0 {
-		t.Fatalf("stats %+v, want %d handled", s, total)
+	if m.handled() != total || m.events(dedupe.EventOffsetsCommitted) == 0 {
+		t.Fatalf("observed %s, want %d handled and offsets committed", m.obs, total)
 	}
 }
 
@@ -66,13 +67,13 @@ func TestOffsetsCommittedCoalesced(t *testing.T) {
 	m := b.start(t, dedupekafka.Config{CommitInterval: 100 * time.Millisecond}, insertEffect)
 	b.waitDrained(t, 60*time.Second)
 	b.wantEffects(t, total)
-	s := m.runner.Stats()
+	commits := m.events(dedupe.EventOffsetsCommitted)
 	// One request per interval that saw progress, covering every partition:
 	// well under one a message even on a slow machine.
-	if s.Commits == 0 || s.Commits > total/10 {
-		t.Fatalf("%d offset commits for %d messages, want a few (stats %+v)", s.Commits, total, s)
+	if commits == 0 || commits > total/10 {
+		t.Fatalf("%d offset commits for %d messages, want a few (observed %s)", commits, total, m.obs)
 	}
-	t.Logf("%d messages, %d offset commits", total, s.Commits)
+	t.Logf("%d messages, %d offset commits covering %d partitions", total, commits, m.obs.Covered(dedupe.EventOffsetsCommitted))
 }
 
 // A handler in progress when its partition is revoked (a second member

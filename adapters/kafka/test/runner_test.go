@@ -44,11 +44,10 @@ func TestDuplicateKeyHeaderOneEffect(t *testing.T) {
 			if n := b.effects(t); n != 2 {
 				t.Fatalf("effects = %d, want 2", n)
 			}
-			s1, s2 := m1.runner.Stats(), m2.runner.Stats()
-			if got := s1.Handled + s2.Handled; got != 2 {
-				t.Fatalf("handled = %d, want 2 (stats %+v %+v)", got, s1, s2)
+			if got := m1.handled() + m2.handled(); got != 2 {
+				t.Fatalf("handled = %d, want 2 (observed %s; %s)", got, m1.obs, m2.obs)
 			}
-			if got := s1.Duplicates + s2.Duplicates; got < 19 {
+			if got := m1.duplicates() + m2.duplicates(); got < 19 {
 				t.Fatalf("duplicates absorbed = %d, want at least 19", got)
 			}
 		})
@@ -99,25 +98,24 @@ func TestCrashBeforeOffsetCommitSecondMemberAbsorbs(t *testing.T) {
 	first := b.start(t, dedupekafka.Config{CommitInterval: time.Hour}, insertEffect, func(rc *kafka.ReaderConfig) {
 		rc.Dialer = &kafka.Dialer{Timeout: 5 * time.Second, DialFunc: ks.dial}
 	})
-	dbtest.WaitFor(t, 30*time.Second, "the first member to handle 50 messages", func() bool { return first.runner.Stats().Handled >= 50 })
+	first.obs.Wait(t, 30*time.Second, "the first member to handle 50 messages", func() bool { return first.handled() >= 50 })
 	ks.kill()
 	second := b.start(t, dedupekafka.Config{}, insertEffect)
 	b.waitDrained(t, 45*time.Second)
 	b.wantEffects(t, total)
-	fs, ss := first.runner.Stats(), second.runner.Stats()
-	if fs.Commits != 0 {
-		t.Fatalf("the first member committed offsets: %+v", fs)
+	if n := first.events(dedupe.EventOffsetsCommitted); n != 0 {
+		t.Fatalf("the first member committed offsets: %s", first.obs)
 	}
 	// A transaction whose COMMIT was under way when the member was cut off
 	// (its context ends with the generation) may have committed without the
 	// runner knowing: it is not counted, and its redelivery is a duplicate.
-	if fs.Handled+ss.Handled > total {
-		t.Fatalf("handled %d + %d, more than %d", fs.Handled, ss.Handled, total)
+	if first.handled()+second.handled() > total {
+		t.Fatalf("handled %d + %d, more than %d", first.handled(), second.handled(), total)
 	}
-	if ss.Duplicates < 50 {
-		t.Fatalf("the second member absorbed %d redeliveries, want at least 50: first %+v second %+v", ss.Duplicates, fs, ss)
+	if second.duplicates() < 50 {
+		t.Fatalf("the second member absorbed %d redeliveries, want at least 50: first %s; second %s", second.duplicates(), first.obs, second.obs)
 	}
-	t.Logf("cut-off member handled %d; survivor handled %d and absorbed %d redeliveries", fs.Handled, ss.Handled, ss.Duplicates)
+	t.Logf("cut-off member handled %d; survivor handled %d and absorbed %d redeliveries", first.handled(), second.handled(), second.duplicates())
 }
 
 func TestTenThousandTwoMembersBatch(t *testing.T) {
@@ -143,15 +141,15 @@ func TestTenThousandTwoMembersBatch(t *testing.T) {
 	b.produce(t, msgs...)
 	b.waitDrained(t, 50*time.Second)
 	b.wantEffects(t, len(unique))
-	s1, s2 := m1.runner.Stats(), m2.runner.Stats()
-	if s1.Fetched+s2.Fetched < total {
-		t.Fatalf("fetched %d, want at least %d", s1.Fetched+s2.Fetched, total)
+	if got := m1.obs.Started("") + m2.obs.Started(""); got < total {
+		t.Fatalf("handlings started %d, want at least %d", got, total)
 	}
-	if s1.Batches+s2.Batches == 0 || s1.Fallbacks+s2.Fallbacks != 0 {
-		t.Fatalf("want batch transactions and no fallback: %+v %+v", s1, s2)
+	if m1.events(dedupe.EventBatchHandled)+m2.events(dedupe.EventBatchHandled) == 0 ||
+		m1.events(dedupe.EventBatchFallback)+m2.events(dedupe.EventBatchFallback) != 0 {
+		t.Fatalf("want batch transactions and no fallback: %s; %s", m1.obs, m2.obs)
 	}
-	t.Logf("member 1 %+v", s1)
-	t.Logf("member 2 %+v", s2)
+	t.Logf("member 1 %s", m1.obs)
+	t.Logf("member 2 %s", m2.obs)
 }
 
 // One message of a batch fails, then panics, then succeeds: every other
@@ -193,8 +191,8 @@ func TestBatchWithOneFailingMessage(t *testing.T) {
 	if n := b.db.Count(t, `SELECT count(*) FROM (SELECT off, lag(off) OVER (ORDER BY id) AS prev FROM effects) s WHERE off < prev`); n != 0 {
 		t.Fatalf("%d effects out of partition order", n)
 	}
-	if s := m.runner.Stats(); s.Fallbacks == 0 || s.Retries < 2 {
-		t.Fatalf("want a fallback and two retries: %+v", s)
+	if m.events(dedupe.EventBatchFallback) == 0 || m.events(dedupe.EventRetried) < 2 {
+		t.Fatalf("want a fallback and two retries: %s", m.obs)
 	}
 }
 
@@ -265,8 +263,9 @@ func TestPoisonDeadLettered(t *testing.T) {
 	if n := b.db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE key = 'poison' AND state = 'failed' AND attempts = 3"); n != 1 {
 		t.Fatalf("poison key not failed after 3 attempts")
 	}
-	if s := m.runner.Stats(); s.GivenUp != 2 || s.DeadLettered != 2 {
-		t.Fatalf("want 2 messages given up and dead-lettered: %+v", s)
+	if m.events(dedupe.EventTerminated) != 2 || m.events(dedupe.EventDeadLettered) != 2 ||
+		m.obs.Handled(dedupe.OutcomePoisoned) != 1 || m.events(dedupe.EventRefused) != 1 {
+		t.Fatalf("want 2 messages given up and dead-lettered, 1 poisoned and 1 refused: %s", m.obs)
 	}
 
 	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokersDLQ, Topic: "orders.dlq", Partition: 0, MaxWait: 50 * time.Millisecond})
@@ -453,8 +452,8 @@ func TestBatchHandlerFallback(t *testing.T) {
 	if _, ok := sizes.Load(30); !ok {
 		t.Fatal("the handler never saw the whole batch")
 	}
-	if s := m.runner.Stats(); s.Fallbacks != 1 || s.Handled != 30 {
-		t.Fatalf("want one fallback and 30 handled: %+v", s)
+	if m.events(dedupe.EventBatchFallback) != 1 || m.handled() != 30 {
+		t.Fatalf("want one fallback and 30 handled: %s", m.obs)
 	}
 }
 
@@ -479,8 +478,9 @@ func TestFingerprintConflictDeadLettered(t *testing.T) {
 			if n := b.db.Count(t, "SELECT count(*) FROM effects WHERE msg_id = 'k1' AND body = 'pay 10'"); n != 1 {
 				t.Fatalf("k1 effects with the first payload = %d, want 1", n)
 			}
-			if s := m.runner.Stats(); s.GivenUp != 1 || s.DeadLettered != 1 || s.Duplicates != 1 {
-				t.Fatalf("want one conflict dead-lettered and one duplicate: %+v", s)
+			if m.events(dedupe.EventTerminated) != 1 || m.events(dedupe.EventDeadLettered) != 1 || m.duplicates() != 1 ||
+				m.events(dedupe.EventRefused) != 1 {
+				t.Fatalf("want one conflict refused and dead-lettered, and one duplicate: %s", m.obs)
 			}
 			// The conflicting message has no failed key of its own: it is
 			// recorded under its RefusedKey.
@@ -510,12 +510,11 @@ func TestMemberJoinsMidStream(t *testing.T) {
 	m2 := b.start(t, cfg, slow)
 	b.waitDrained(t, 45*time.Second)
 	b.wantEffects(t, total)
-	s1, s2 := m1.runner.Stats(), m2.runner.Stats()
-	if s2.Fetched == 0 {
-		t.Fatalf("the second member never got a partition: %+v", s2)
+	if m2.obs.Started("") == 0 {
+		t.Fatalf("the second member never got a partition: %s", m2.obs)
 	}
-	t.Logf("first %+v", s1)
-	t.Logf("second %+v", s2)
+	t.Logf("first %s", m1.obs)
+	t.Logf("second %s", m2.obs)
 }
 
 // Config.MaxAttempts, not the inbox's, decides when a batch-mode message is
@@ -525,10 +524,7 @@ func TestBatchModeUsesRunnerMaxAttempts(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
 	ctx := context.Background()
-	strict, err := dedupe.New(b.db.Pool, &dedupe.Config{MaxAttempts: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	strict := dedupe.Config{MaxAttempts: 1}
 	// An earlier run of the group failed once on b-03 (and died).
 	if _, poisoned, err := b.inbox.RecordFailure(ctx, dedupe.Key{Scope: b.group, ID: "b-03"}, errors.New("earlier run")); err != nil || poisoned {
 		t.Fatalf("seed failed attempt: poisoned %v, err %v", poisoned, err)
@@ -536,26 +532,26 @@ func TestBatchModeUsesRunnerMaxAttempts(t *testing.T) {
 	msgs := numbered(10, "b-%02d", nil)
 	b.produce(t, msgs...)
 	cfg := dedupekafka.Config{BatchSize: 10, Linger: 200 * time.Millisecond, MaxAttempts: 3, RetryBackoff: 10 * time.Millisecond}
-	m := b.startWith(t, func(rc kafka.ReaderConfig) (*dedupekafka.Runner, error) {
-		return dedupekafka.New(strict, rc, cfg, insertEffect)
+	m := b.startWith(t, strict, func(inbox *dedupe.Inbox, rc kafka.ReaderConfig) (*dedupekafka.Runner, error) {
+		return dedupekafka.New(inbox, rc, cfg, insertEffect)
 	})
 	b.waitDrained(t, 30*time.Second)
 	if n := b.effects(t); n != 10 {
-		t.Fatalf("effects = %d, want 10 (stats %+v)", n, m.runner.Stats())
+		t.Fatalf("effects = %d, want 10 (observed %s)", n, m.obs)
 	}
 	if n := b.db.Count(t, "SELECT attempts FROM dedupe_inbox WHERE key = 'b-03' AND state = 'complete'"); n != 2 {
 		t.Fatalf("b-03: complete on attempt %d, want 2", n)
 	}
-	if s := m.runner.Stats(); s.GivenUp != 0 || s.Batches != 1 {
-		t.Fatalf("want one batch and nothing given up: %+v", s)
+	if m.events(dedupe.EventTerminated) != 0 || m.events(dedupe.EventBatchHandled) != 1 || m.obs.Covered(dedupe.EventBatchHandled) != 10 {
+		t.Fatalf("want one batch of 10 and nothing given up: %s", m.obs)
 	}
 	m.stop(t)
 
 	// A message that always fails in a batch gets the runner's 3 attempts.
 	var calls atomic.Int32
 	b.produce(t, msg("c-00", "", nil), msg("poison", "", nil), msg("c-01", "", nil))
-	m = b.startWith(t, func(rc kafka.ReaderConfig) (*dedupekafka.Runner, error) {
-		return dedupekafka.New(strict, rc, cfg, func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
+	m = b.startWith(t, strict, func(inbox *dedupe.Inbox, rc kafka.ReaderConfig) (*dedupekafka.Runner, error) {
+		return dedupekafka.New(inbox, rc, cfg, func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
 			if string(m.Headers[0].Value) == "poison" {
 				calls.Add(1)
 				return errors.New("cannot decode")
@@ -573,8 +569,8 @@ func TestBatchModeUsesRunnerMaxAttempts(t *testing.T) {
 	if n := calls.Load(); n != 3 {
 		t.Fatalf("handler calls for poison = %d, want 3", n)
 	}
-	if s := m.runner.Stats(); s.GivenUp != 1 || s.Fallbacks != 1 {
-		t.Fatalf("want one fallback and one message given up: %+v", s)
+	if m.events(dedupe.EventTerminated) != 1 || m.events(dedupe.EventBatchFallback) != 1 {
+		t.Fatalf("want one fallback and one message given up: %s", m.obs)
 	}
 }
 
@@ -623,8 +619,8 @@ func TestStoppedMidHandlerCommitsNoOffset(t *testing.T) {
 			m2 := b.start(t, cfg, insertEffect)
 			b.waitDrained(t, 30*time.Second)
 			b.wantEffects(t, 5)
-			if s := m2.runner.Stats(); s.Handled != 5 || s.Duplicates != 0 || s.Retries != 0 {
-				t.Fatalf("second member: want 5 handled, no duplicate, no retry: %+v", s)
+			if m2.handled() != 5 || m2.duplicates() != 0 || m2.events(dedupe.EventRetried) != 0 {
+				t.Fatalf("second member: want 5 handled, no duplicate, no retry: %s", m2.obs)
 			}
 		})
 	}
@@ -645,8 +641,8 @@ func TestBatchHandlerStoresResultTx(t *testing.T) {
 	})
 	b.waitDrained(t, 30*time.Second)
 	b.wantEffects(t, 5)
-	if s := m.runner.Stats(); s.Batches == 0 {
-		t.Fatalf("no batch transaction: %+v", s)
+	if m.events(dedupe.EventBatchHandled) == 0 {
+		t.Fatalf("no batch transaction: %s", m.obs)
 	}
 	for n := range 5 {
 		id := fmt.Sprintf("r-%d", n)
@@ -671,8 +667,8 @@ func TestBatchModeStoresSetResult(t *testing.T) {
 	})
 	b.waitDrained(t, 30*time.Second)
 	b.wantEffects(t, 5)
-	if s := m.runner.Stats(); s.Batches == 0 {
-		t.Fatalf("no batch transaction: %+v", s)
+	if m.events(dedupe.EventBatchHandled) == 0 {
+		t.Fatalf("no batch transaction: %s", m.obs)
 	}
 	for n := range 5 {
 		id := fmt.Sprintf("s-%d", n)

@@ -19,6 +19,7 @@ import (
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 	"github.com/exactlyonce/dedupe/internal/natstest"
+	"github.com/exactlyonce/dedupe/internal/observetest"
 )
 
 // benchBatch is how many messages one pipeline run carries end to end.
@@ -54,14 +55,10 @@ type pipeline struct {
 func benchPipeline(b *testing.B, workers int) {
 	db := dbtest.New(b)
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, db.Pool, dedupe.MigrateConfig{}); err != nil {
 		b.Fatal(err)
 	}
 	db.Exec(b, `CREATE TABLE effects (id bigserial PRIMARY KEY, msg_id text NOT NULL, body bytea)`)
-	inbox, err := dedupe.New(db.Pool, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
 	srv := natstest.Server(b)
 	pubNC := natstest.Connect(b, srv)
 	pubJS, err := jetstream.New(pubNC)
@@ -95,15 +92,20 @@ func benchPipeline(b *testing.B, workers int) {
 		p := &pipeline{name: "runner-" + strings.ToLower(name), subject: name + ".orders"}
 		var cons jetstream.Consumer
 		p.nc, cons = consumerOf(name)
-		r, err := dedupenats.New(inbox, cons, insertEffect, &dedupenats.Config{
+		// Each runner's own inbox counts its messages as their handlings
+		// commit (just before their acks).
+		counted, err := dedupe.New(db.Pool, dedupe.Config{Observer: observetest.OnHandled(func(_ dedupe.HandleInfo, d dedupe.HandleDone) {
+			if d.Outcome == dedupe.OutcomeClaimed {
+				p.done.Add(1)
+			}
+		})})
+		if err != nil {
+			b.Fatal(err)
+		}
+		r, err := dedupenats.New(counted, cons, dedupenats.Config{
 			Workers: workers,
 			AckMode: mode,
-			Metrics: dedupenats.MetricsFunc(func(_ context.Context, e dedupenats.Event) {
-				if e.Kind == dedupenats.KindProcessed {
-					p.done.Add(1)
-				}
-			}),
-		})
+		}, insertEffect)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -17,6 +17,7 @@ import (
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 	"github.com/exactlyonce/dedupe/internal/natstest"
+	"github.com/exactlyonce/dedupe/internal/observetest"
 )
 
 const (
@@ -51,11 +52,11 @@ func setup(t *testing.T, o setupOpts) *bundle {
 		b.db = dbtest.New(t)
 	}
 	ctx := context.Background()
-	if err := dedupe.Migrate(ctx, b.db.Pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, b.db.Pool, dedupe.MigrateConfig{}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	b.db.Exec(t, `CREATE TABLE IF NOT EXISTS effects (id bigserial PRIMARY KEY, msg_id text NOT NULL, body bytea)`)
-	inbox, err := dedupe.New(b.db.Pool, nil)
+	inbox, err := dedupe.New(b.db.Pool, dedupe.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,15 +133,33 @@ func insertEffect(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 }
 
 // fastConfig is a Config for tests: business key, short delays.
-func fastConfig(c *dedupenats.Counters) *dedupenats.Config {
+func fastConfig() *dedupenats.Config {
 	return &dedupenats.Config{
 		Key:     dedupenats.HeaderKey(orderIDHdr),
 		Backoff: func(int) time.Duration { return 20 * time.Millisecond },
-		Metrics: c,
 		// Stopping waits for the open pull request; keep it short.
 		PullExpiry: 500 * time.Millisecond,
 	}
 }
+
+// observed returns b with an inbox of its own, over the same schema, whose
+// Observer is obs: a runner built on it reports to obs alone.
+func (b *bundle) observed(t *testing.T, obs dedupe.Observer) *bundle {
+	t.Helper()
+	inbox, err := dedupe.New(b.db.Pool, dedupe.Config{Observer: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := *b
+	o.inbox = inbox
+	return &o
+}
+
+// processed is how many handlings obs saw commit their effects.
+func processed(obs *observetest.Observer) int64 { return obs.Handled(dedupe.OutcomeClaimed) }
+
+// duplicates is how many handlings obs saw find their key complete.
+func duplicates(obs *observetest.Observer) int64 { return obs.Handled(dedupe.OutcomeDuplicate) }
 
 // consumer creates another durable on the test's stream, for orders.created.
 func (b *bundle) consumer(t *testing.T, cc jetstream.ConsumerConfig) jetstream.Consumer {
@@ -199,7 +218,11 @@ func newRunner(t *testing.T, b *bundle, cons jetstream.Consumer, cfg *dedupenats
 	if h == nil {
 		h = insertEffect
 	}
-	r, err := dedupenats.New(b.inbox, cons, h, cfg)
+	var c dedupenats.Config
+	if cfg != nil {
+		c = *cfg
+	}
+	r, err := dedupenats.New(b.inbox, cons, c, h)
 	if err != nil {
 		t.Fatalf("new runner: %v", err)
 	}

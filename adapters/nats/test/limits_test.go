@@ -14,8 +14,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/exactlyonce/dedupe"
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
+	"github.com/exactlyonce/dedupe/internal/observetest"
 )
 
 // The tests of this file push JetStream's limits (MaxDeliver, AckWait, the
@@ -57,12 +59,12 @@ func (b *bundle) deadLetters(t *testing.T) func() []*jetstream.RawStreamMsg {
 func TestDatabaseOutageSpendsNoDeliveries(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	inbox, proxy := b.inboxBehind(t)
+	c := observetest.New()
+	inbox, proxy := b.inboxBehind(t, c)
 	cons := b.consumer(t, jetstream.ConsumerConfig{Durable: "capped", MaxDeliver: 5, AckWait: time.Second})
-	var c dedupenats.Counters
-	cfg := fastConfig(&c)
+	cfg := fastConfig()
 	cfg.Heartbeat = 100 * time.Millisecond // a tenth of AckWait
-	r, err := dedupenats.New(inbox, cons, insertEffect, cfg)
+	r, err := dedupenats.New(inbox, cons, *cfg, insertEffect)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,10 +77,10 @@ func TestDatabaseOutageSpendsNoDeliveries(t *testing.T) {
 	// The outage lasts 250 failed tries (20 ms apart, 4 workers: longer
 	// than AckWait), or until JetStream has nothing left to deliver.
 	dbtest.WaitFor(t, 60*time.Second, "250 failed database tries, or every delivery spent", func() bool {
-		return c.Retries.Load() >= 250 || unackedOf(t, cons) == 0
+		return c.Events(dedupe.EventRetried) >= 250 || unackedOf(t, cons) == 0
 	})
 	proxy.Up()
-	dbtest.WaitFor(t, 30*time.Second, "nothing left to deliver or to acknowledge", func() bool {
+	c.Wait(t, 30*time.Second, "nothing left to deliver or to acknowledge", func() bool {
 		return unackedOf(t, cons) == 0
 	})
 	if n := b.effects(t); n != total {
@@ -90,6 +92,9 @@ func TestDatabaseOutageSpendsNoDeliveries(t *testing.T) {
 	}
 	if n := b.db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE state = 'complete'"); n != total {
 		t.Fatalf("complete keys = %d, want %d", n, total)
+	}
+	if processed(c) != total || c.Events(dedupe.EventTerminated) != 0 {
+		t.Fatalf("observed %s; want %d processed, none terminated", c, total)
 	}
 }
 
@@ -104,23 +109,23 @@ func TestHandlerFailureAtLastDeliveryRecordedAsFailed(t *testing.T) {
 	spendDeliveries(t, cons, 2)
 
 	var (
-		c    dedupenats.Counters
+		c    = observetest.New()
 		runs atomic.Int64
 	)
-	r := newRunner(t, b, cons, fastConfig(&c), func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	r := newRunner(t, b.observed(t, c), cons, fastConfig(), func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		runs.Add(1)
 		return errors.New("downstream refused")
 	})
 	dbtest.Background(t, "runner", r.Run)
-	dbtest.WaitFor(t, 10*time.Second, "the third delivery handled", func() bool {
-		return c.Retries.Load()+c.Terminated.Load() >= 1 && unackedOf(t, cons) == 0
+	c.Wait(t, 10*time.Second, "the third delivery handled", func() bool {
+		return c.Events(dedupe.EventRetried)+c.Events(dedupe.EventTerminated) >= 1 && unackedOf(t, cons) == 0
 	})
 	if n := b.db.Count(t, `SELECT count(*) FROM dedupe_inbox WHERE key = 'doomed' AND state = 'failed'
 		AND attempts = 1 AND last_error LIKE '%downstream refused%'`); n != 1 {
 		t.Fatalf("the key is not recorded as failed after its last delivery (inbox: %v)", inboxRows(t, b))
 	}
-	if c.Terminated.Load() != 1 || c.Retries.Load() != 0 || runs.Load() != 1 {
-		t.Fatalf("terminated = %d, retries = %d, runs = %d; want 1, 0, 1", c.Terminated.Load(), c.Retries.Load(), runs.Load())
+	if c.Events(dedupe.EventTerminated) != 1 || c.Events(dedupe.EventRetried) != 0 || runs.Load() != 1 {
+		t.Fatalf("observed %s, runs = %d; want 1 terminated, no retry, 1 run", c, runs.Load())
 	}
 }
 
@@ -131,23 +136,23 @@ func TestStopAtLastDeliveryDuringOutageDeadLetters(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	dlq := b.deadLetters(t)
-	inbox, proxy := b.inboxBehind(t)
+	c := observetest.New()
+	inbox, proxy := b.inboxBehind(t, c)
 	cons := b.consumer(t, jetstream.ConsumerConfig{Durable: "capped", MaxDeliver: 2, AckWait: 30 * time.Second})
 	b.publish(t, "order-1", "ship")
 	spendDeliveries(t, cons, 1)
 
-	var c dedupenats.Counters
-	cfg := fastConfig(&c)
+	cfg := fastConfig()
 	cfg.DrainTimeout = 100 * time.Millisecond
 	cfg.DeadLetterSubject, cfg.DeadLetterJS = "dlq.orders", b.js
-	r, err := dedupenats.New(inbox, cons, insertEffect, cfg)
+	r, err := dedupenats.New(inbox, cons, *cfg, insertEffect)
 	if err != nil {
 		t.Fatal(err)
 	}
 	proxy.Down()
 	stop := dbtest.Background(t, "runner", r.Run)
 	dbtest.WaitFor(t, 10*time.Second, "five failed database tries, or the message gone", func() bool {
-		return c.Retries.Load() >= 5 || unackedOf(t, cons) == 0
+		return c.Events(dedupe.EventRetried) >= 5 || unackedOf(t, cons) == 0
 	})
 	stop()
 
@@ -175,8 +180,8 @@ func TestStopAtLastDeliveryDuringOutageDeadLetters(t *testing.T) {
 	if string(m.Data) != "ship" {
 		t.Errorf("data = %q, want the original", m.Data)
 	}
-	if n := unackedOf(t, cons); n != 0 || c.Terminated.Load() != 1 {
-		t.Fatalf("unacked = %d, terminated = %d; want 0 and 1", n, c.Terminated.Load())
+	if n := unackedOf(t, cons); n != 0 || c.Events(dedupe.EventTerminated) != 1 || c.Events(dedupe.EventDeadLettered) != 1 {
+		t.Fatalf("unacked = %d, observed %s; want 0, 1 dead-lettered and terminated", n, c)
 	}
 }
 
@@ -186,17 +191,17 @@ func TestStopAtLastDeliveryDuringOutageDeadLetters(t *testing.T) {
 func TestStopAtLastDeliveryWithoutDeadLetterWaitsForTheDatabase(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	inbox, proxy := b.inboxBehind(t)
+	c := observetest.New()
+	inbox, proxy := b.inboxBehind(t, c)
 	cons := b.consumer(t, jetstream.ConsumerConfig{Durable: "capped", MaxDeliver: 2, AckWait: time.Second})
 	b.publish(t, "order-1", "ship")
 	spendDeliveries(t, cons, 1)
 
-	var c dedupenats.Counters
-	cfg := fastConfig(&c)
+	cfg := fastConfig()
 	cfg.DrainTimeout = 100 * time.Millisecond
 	cfg.Heartbeat = 100 * time.Millisecond
 	cfg.Logger = testLogger(t)
-	r, err := dedupenats.New(inbox, cons, insertEffect, cfg)
+	r, err := dedupenats.New(inbox, cons, *cfg, insertEffect)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +211,7 @@ func TestStopAtLastDeliveryWithoutDeadLetterWaitsForTheDatabase(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	dbtest.WaitFor(t, 10*time.Second, "five failed database tries, or the message gone", func() bool {
-		return c.Retries.Load() >= 5 || unackedOf(t, cons) == 0
+		return c.Events(dedupe.EventRetried) >= 5 || unackedOf(t, cons) == 0
 	})
 	cancel()
 	// 100 refused connections, 20 ms apart: two AckWaits at least.
@@ -238,8 +243,8 @@ func TestStopAtLastDeliveryWithoutDeadLetterWaitsForTheDatabase(t *testing.T) {
 		AND last_error LIKE '%last delivery%'`); n != 1 {
 		t.Fatalf("the key is not recorded as failed (inbox: %v)", inboxRows(t, b))
 	}
-	if n := unackedOf(t, cons); n != 0 || c.Terminated.Load() != 1 || b.effects(t) != 0 {
-		t.Fatalf("unacked = %d, terminated = %d, effects = %d; want 0, 1, 0", n, c.Terminated.Load(), b.effects(t))
+	if n := unackedOf(t, cons); n != 0 || c.Events(dedupe.EventTerminated) != 1 || b.effects(t) != 0 {
+		t.Fatalf("unacked = %d, terminated = %d, effects = %d; want 0, 1, 0", n, c.Events(dedupe.EventTerminated), b.effects(t))
 	}
 }
 
@@ -253,12 +258,12 @@ func TestStopAtLastDeliveryRecordsFailed(t *testing.T) {
 	b.publish(t, "order-2", "ship")
 	spendDeliveries(t, cons, 1) // order-1 is at its last delivery, order-2 at its first
 
-	var c dedupenats.Counters
-	cfg := fastConfig(&c)
+	c := observetest.New()
+	cfg := fastConfig()
 	cfg.Workers = 2
 	cfg.DrainTimeout = 100 * time.Millisecond
 	started := make(chan struct{}, 2)
-	r := newRunner(t, b, cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	r := newRunner(t, b.observed(t, c), cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		if err := insertEffect(ctx, tx, msg); err != nil {
 			return err
 		}
@@ -282,8 +287,8 @@ func TestStopAtLastDeliveryRecordsFailed(t *testing.T) {
 	if n := b.db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE key = 'order-2'"); n != 0 {
 		t.Fatal("order-2 was recorded; a shutdown before the last delivery is not an attempt")
 	}
-	if c.Terminated.Load() != 1 || c.Released.Load() != 1 || b.effects(t) != 0 {
-		t.Fatalf("terminated = %d, released = %d, effects = %d; want 1, 1, 0", c.Terminated.Load(), c.Released.Load(), b.effects(t))
+	if c.Events(dedupe.EventTerminated) != 1 || c.Events(dedupe.EventReleased) != 1 || b.effects(t) != 0 {
+		t.Fatalf("observed %s, effects = %d; want 1 terminated, 1 released, no effect", c, b.effects(t))
 	}
 	if n := unackedOf(t, cons); n != 1 {
 		t.Fatalf("unacked = %d, want 1 (order-2, handed back)", n)
@@ -296,10 +301,10 @@ func TestKeylessMessageDeadLettered(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	dlq := b.deadLetters(t)
-	var c dedupenats.Counters
-	cfg := fastConfig(&c)
+	c := observetest.New()
+	cfg := fastConfig()
 	cfg.DeadLetterSubject, cfg.DeadLetterJS = "dlq.orders", b.js
-	dbtest.Background(t, "runner", newRunner(t, b, b.cons, cfg, nil).Run)
+	dbtest.Background(t, "runner", newRunner(t, b.observed(t, c), b.cons, cfg, nil).Run)
 	m := nats.NewMsg("orders.created")
 	m.Header.Set("Trace", "t-1")
 	m.Header.Set(jetstream.MsgIDHeader, "msg-1")
@@ -307,9 +312,12 @@ func TestKeylessMessageDeadLettered(t *testing.T) {
 	if _, err := b.js.PublishMsg(context.Background(), m); err != nil {
 		t.Fatal(err)
 	}
-	dbtest.WaitFor(t, 10*time.Second, "the message terminated", func() bool {
-		return c.Terminated.Load() == 1 && b.unacked(t) == 0
+	c.Wait(t, 10*time.Second, "the message terminated", func() bool {
+		return c.Events(dedupe.EventTerminated) == 1 && b.unacked(t) == 0
 	})
+	if c.Events(dedupe.EventRefused) != 1 || c.Events(dedupe.EventDeadLettered) != 1 || c.Started("") != 0 {
+		t.Fatalf("observed %s; want the message refused and dead-lettered, never handled", c)
+	}
 	copies := dlq()
 	if len(copies) != 1 {
 		t.Fatalf("dead-letter copies = %d, want 1", len(copies))
@@ -345,12 +353,12 @@ func TestBufferedMessagesOutliveAckWaitBehindSlowHandler(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 
-	var c dedupenats.Counters
-	cfg := fastConfig(&c)
+	c := observetest.New()
+	cfg := fastConfig()
 	cfg.Workers = 1
 	cfg.Heartbeat = 100 * time.Millisecond // a tenth of AckWait
 	var runs atomic.Int64
-	r := newRunner(t, b, b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	r := newRunner(t, b.observed(t, c), b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		if runs.Add(1) == 1 {
 			// The first handler is slow: the others wait in the buffer for
 			// two and a half AckWaits.
@@ -367,13 +375,13 @@ func TestBufferedMessagesOutliveAckWaitBehindSlowHandler(t *testing.T) {
 		b.publish(t, fmt.Sprintf("order-%d", n), "x")
 	}
 	dbtest.Background(t, "runner", r.Run)
-	dbtest.WaitFor(t, 20*time.Second, "every message acked", func() bool {
-		return c.Processed.Load()+c.Duplicates.Load() >= total && b.unacked(t) == 0
+	c.Wait(t, 20*time.Second, "every message acked", func() bool {
+		return processed(c)+duplicates(c) >= total && b.unacked(t) == 0
 	})
 	ci := info(t, b.cons)
-	if ci.NumRedelivered != 0 || c.Duplicates.Load() != 0 || runs.Load() != total {
+	if ci.NumRedelivered != 0 || duplicates(c) != 0 || runs.Load() != total {
 		t.Fatalf("redelivered = %d, duplicates = %d, handler runs = %d; want 0, 0, %d (buffered messages expired)",
-			ci.NumRedelivered, c.Duplicates.Load(), runs.Load(), total)
+			ci.NumRedelivered, duplicates(c), runs.Load(), total)
 	}
 	if n := b.effects(t); n != total {
 		t.Fatalf("effects = %d, want %d", n, total)
@@ -408,13 +416,18 @@ func TestOneWorkerPullsManyMessagesPerRequest(t *testing.T) {
 				t.Fatal("publishes not acknowledged")
 			}
 			nc, cons := b.conn(t) // the runner's own connection, to count what it sends
-			var c dedupenats.Counters
-			cfg := fastConfig(&c)
+			c := observetest.New()
+			cfg := fastConfig()
 			cfg.Workers, cfg.AckMode = 1, mode
-			r := newRunner(t, b, cons, cfg, nil)
+			r := newRunner(t, b.observed(t, c), cons, cfg, nil)
 			before := nc.Stats().OutMsgs
 			stop := dbtest.Background(t, "runner", r.Run)
-			dbtest.WaitFor(t, 60*time.Second, "every message processed", func() bool { return c.Processed.Load() == total })
+			// A message is counted when its handling ends, before its ack;
+			// the acks are asked of the test's own connection, so as not to
+			// count the question.
+			c.Wait(t, 60*time.Second, "every message processed and acked", func() bool {
+				return processed(c) == total && b.unacked(t) == 0
+			})
 			sent := nc.Stats().OutMsgs - before
 			stop()
 			perMsg := float64(sent) / total

@@ -52,7 +52,7 @@ func outboxSetup(t *testing.T, nc *nats.Conn) *outboxEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := dedupenats.NewOutboxPublisher(js, &dedupenats.OutboxPublisherConfig{Stream: "ORDERS"})
+	pub, err := dedupenats.NewOutboxPublisher(js, dedupenats.OutboxPublisherConfig{Stream: "ORDERS"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestOutboxPublisherKilledBeforeMarkDroppedByMsgID(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	ob, _ := dedupe.NewOutbox(pool, nil)
+	ob, _ := dedupe.NewOutbox(pool, dedupe.OutboxConfig{})
 	var kill atomic.Bool
 	kill.Store(true)
 	pub := publisherFunc(func(ctx context.Context, msgs []*dedupe.OutboxMessage) []error {
@@ -500,7 +500,7 @@ func outboxBenchSetup(b *testing.B, nc *nats.Conn) *outboxEnv {
 	if err != nil {
 		b.Fatal(err)
 	}
-	pub, _ := dedupenats.NewOutboxPublisher(js, &dedupenats.OutboxPublisherConfig{Stream: "ORDERS"})
+	pub, _ := dedupenats.NewOutboxPublisher(js, dedupenats.OutboxPublisherConfig{Stream: "ORDERS"})
 	return &outboxEnv{db: db, outbox: ob, js: js, stream: st, pub: pub}
 }
 
@@ -544,7 +544,7 @@ func ExampleNewOutboxPublisher() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	if err := dedupe.Migrate(ctx, pool, nil); err != nil {
+	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		log.Fatal(err)
 	}
 	nc, err := nats.Connect(nats.DefaultURL)
@@ -561,11 +561,11 @@ func ExampleNewOutboxPublisher() {
 		log.Fatal(err)
 	}
 
-	outbox, err := dedupe.NewOutbox(pool, nil)
+	outbox, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{})
 	if err != nil {
 		log.Fatal(err)
 	}
-	pub, err := dedupenats.NewOutboxPublisher(js, &dedupenats.OutboxPublisherConfig{Stream: "ORDERS"})
+	pub, err := dedupenats.NewOutboxPublisher(js, dedupenats.OutboxPublisherConfig{Stream: "ORDERS"})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -115,8 +115,9 @@ func (p *pgProxy) Up() {
 }
 
 // inboxBehind returns an inbox on the test's schema whose connections go
-// through a new proxy, and the proxy.
-func (b *bundle) inboxBehind(t *testing.T) (*dedupe.Inbox, *pgProxy) {
+// through a new proxy, with obs as its Observer (nil for none), and the
+// proxy.
+func (b *bundle) inboxBehind(t *testing.T, obs dedupe.Observer) (*dedupe.Inbox, *pgProxy) {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(b.db.URL)
 	if err != nil {
@@ -138,7 +139,7 @@ func (b *bundle) inboxBehind(t *testing.T) (*dedupe.Inbox, *pgProxy) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	inbox, err := dedupe.New(pool, nil)
+	inbox, err := dedupe.New(pool, dedupe.Config{Observer: obs})
 	if err != nil {
 		t.Fatal(err)
 	}

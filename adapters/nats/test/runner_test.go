@@ -19,14 +19,15 @@ import (
 	"github.com/exactlyonce/dedupe"
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
+	"github.com/exactlyonce/dedupe/internal/observetest"
 )
 
 func TestSamePublishedThreeTimesDifferentMsgIDsOneEffect(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	var c dedupenats.Counters
+	c := observetest.New()
 	var runs atomic.Int64
-	r := newRunner(t, b, b.cons, fastConfig(&c), func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	r := newRunner(t, b.observed(t, c), b.cons, fastConfig(), func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		runs.Add(1)
 		time.Sleep(20 * time.Millisecond) // hold the claim while the copies arrive at the other workers
 		return insertEffect(ctx, tx, msg)
@@ -35,23 +36,21 @@ func TestSamePublishedThreeTimesDifferentMsgIDsOneEffect(t *testing.T) {
 		b.publish(t, "order-42", "pay 19.00")
 	}
 	dbtest.Background(t, "runner", r.Run)
-	dbtest.WaitFor(t, 10*time.Second, "three messages acked", func() bool {
-		return c.Processed.Load()+c.Duplicates.Load() == 3 && b.unacked(t) == 0
+	c.Wait(t, 10*time.Second, "three messages acked", func() bool {
+		return processed(c)+duplicates(c) == 3 && b.unacked(t) == 0
 	})
 	if n := b.effects(t); n != 1 {
 		t.Fatalf("effects = %d, want 1", n)
 	}
-	if runs.Load() != 1 || c.Processed.Load() != 1 || c.Duplicates.Load() != 2 {
-		t.Fatalf("handler runs = %d, processed = %d, duplicates = %d; want 1, 1, 2",
-			runs.Load(), c.Processed.Load(), c.Duplicates.Load())
+	if runs.Load() != 1 || processed(c) != 1 || duplicates(c) != 2 || c.Events(dedupe.EventAckFailed) != 0 {
+		t.Fatalf("handler runs = %d, observed %s; want 1 run, 1 claimed, 2 duplicates, no ack failed", runs.Load(), c)
 	}
 }
 
 func TestDefaultKeyAndScope(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	var c dedupenats.Counters
-	r := newRunner(t, b, b.cons, &dedupenats.Config{Metrics: &c}, nil)
+	r := newRunner(t, b, b.cons, &dedupenats.Config{}, nil)
 	if r.Scope() != durable {
 		t.Fatalf("scope = %q, want the durable name %q", r.Scope(), durable)
 	}
@@ -87,21 +86,21 @@ func TestFailTwiceThenSucceedOneEffect(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	var (
-		c      dedupenats.Counters
+		c      = observetest.New()
 		mu     sync.Mutex
 		calls  int
 		delays []time.Duration
 	)
-	cfg := fastConfig(nil)
-	cfg.Backoff = dedupenats.ExponentialBackoff(10*time.Millisecond, time.Second)
-	cfg.Metrics = dedupenats.Tee(&c, dedupenats.MetricsFunc(func(_ context.Context, e dedupenats.Event) {
-		if e.Kind == dedupenats.KindRetry {
+	cfg := fastConfig()
+	cfg.Backoff = dedupe.Backoff{Min: 10 * time.Millisecond, Max: time.Second}.Delay
+	obs := dedupe.Observers(c, observetest.OnEvent(func(_ context.Context, e dedupe.TransportEvent) {
+		if e.Name == dedupe.EventRetried {
 			mu.Lock()
 			delays = append(delays, e.Delay)
 			mu.Unlock()
 		}
 	}))
-	r := newRunner(t, b, b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	r := newRunner(t, b.observed(t, obs), b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		if err := insertEffect(ctx, tx, msg); err != nil {
 			return err
 		}
@@ -115,8 +114,8 @@ func TestFailTwiceThenSucceedOneEffect(t *testing.T) {
 	})
 	dbtest.Background(t, "runner", r.Run)
 	b.publish(t, "flaky", "x")
-	dbtest.WaitFor(t, 15*time.Second, "the third attempt to commit and ack", func() bool {
-		return c.Processed.Load() == 1 && b.unacked(t) == 0
+	c.Wait(t, 15*time.Second, "the third attempt to commit and ack", func() bool {
+		return processed(c) == 1 && b.unacked(t) == 0
 	})
 	if n := b.effects(t); n != 1 {
 		t.Fatalf("effects = %d, want 1", n)
@@ -128,6 +127,9 @@ func TestFailTwiceThenSucceedOneEffect(t *testing.T) {
 	defer mu.Unlock()
 	if want := []time.Duration{10 * time.Millisecond, 20 * time.Millisecond}; !slices.Equal(delays, want) {
 		t.Fatalf("nak delays = %v, want %v (exponential backoff per attempt)", delays, want)
+	}
+	if n := c.Handled(dedupe.OutcomeRetry); n != 2 {
+		t.Fatalf("failed attempts observed = %d, want 2", n)
 	}
 }
 
@@ -143,20 +145,20 @@ func TestStoppedBetweenCommitAndAckRedeliveredAsDuplicate(t *testing.T) {
 	// The first consumer process commits, then dies before it acks: its
 	// context is cancelled and its connection closed.
 	nc1, cons1 := b.conn(t)
-	var c1 dedupenats.Counters
+	c1 := observetest.New()
 	ctx1, cancel1 := context.WithCancel(context.Background())
 	var (
 		once               sync.Once
 		committedAtAckTime atomic.Int64
 	)
-	r1 := newRunner(t, b, beforeAckConsumer{Consumer: cons1, hook: func() {
+	r1 := newRunner(t, b.observed(t, c1), beforeAckConsumer{Consumer: cons1, hook: func() {
 		once.Do(func() {
 			// Seen from another connection: the effect committed before the ack.
 			committedAtAckTime.Store(int64(b.effects(t)))
 			cancel1()
 			nc1.Close()
 		})
-	}}, fastConfig(&c1), handler)
+	}}, fastConfig(), handler)
 	done1 := make(chan error, 1)
 	go func() { done1 <- r1.Run(ctx1) }()
 	b.publish(t, "order-7", "ship")
@@ -168,8 +170,8 @@ func TestStoppedBetweenCommitAndAckRedeliveredAsDuplicate(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("first runner did not stop")
 	}
-	if n := b.effects(t); n != 1 || c1.AckFailed.Load() != 1 {
-		t.Fatalf("after the crash: effects = %d, ack failures = %d; want 1 and 1", n, c1.AckFailed.Load())
+	if n := b.effects(t); n != 1 || c1.Events(dedupe.EventAckFailed) != 1 || processed(c1) != 1 {
+		t.Fatalf("after the crash: effects = %d, observed %s; want 1 effect, 1 claimed, 1 ack failed", n, c1)
 	}
 	if n := b.unacked(t); n != 1 {
 		t.Fatalf("unacked after the crash = %d, want 1", n)
@@ -181,13 +183,13 @@ func TestStoppedBetweenCommitAndAckRedeliveredAsDuplicate(t *testing.T) {
 	// A second process gets the redelivery after AckWait and acks it as a
 	// duplicate without running the handler.
 	_, cons2 := b.conn(t)
-	var c2 dedupenats.Counters
-	dbtest.Background(t, "runner", newRunner(t, b, cons2, fastConfig(&c2), handler).Run)
-	dbtest.WaitFor(t, 10*time.Second, "the redelivery to be acked as a duplicate", func() bool {
-		return c2.Duplicates.Load() == 1 && b.unacked(t) == 0
+	c2 := observetest.New()
+	dbtest.Background(t, "runner", newRunner(t, b.observed(t, c2), cons2, fastConfig(), handler).Run)
+	c2.Wait(t, 10*time.Second, "the redelivery to be acked as a duplicate", func() bool {
+		return duplicates(c2) == 1 && b.unacked(t) == 0
 	})
-	if n := b.effects(t); n != 1 || runs.Load() != 1 || c2.Processed.Load() != 0 {
-		t.Fatalf("effects = %d, handler runs = %d, processed again = %d; want 1, 1, 0", n, runs.Load(), c2.Processed.Load())
+	if n := b.effects(t); n != 1 || runs.Load() != 1 || processed(c2) != 0 {
+		t.Fatalf("effects = %d, handler runs = %d, processed again = %d; want 1, 1, 0", n, runs.Load(), processed(c2))
 	}
 }
 
@@ -206,10 +208,10 @@ func TestThousandMessagesThirtyPercentDuplicatesFourWorkers(t *testing.T) {
 		ids = append(ids, id)
 		unique[id] = true
 	}
-	var c dedupenats.Counters
-	cfg := fastConfig(&c)
+	c := observetest.New()
+	cfg := fastConfig()
 	cfg.Workers = 4
-	dbtest.Background(t, "runner", newRunner(t, b, b.cons, cfg, nil).Run)
+	dbtest.Background(t, "runner", newRunner(t, b.observed(t, c), b.cons, cfg, nil).Run)
 
 	// Publish asynchronously, as a busy producer would, while consuming.
 	for _, id := range ids {
@@ -226,8 +228,8 @@ func TestThousandMessagesThirtyPercentDuplicatesFourWorkers(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("publishes not acknowledged by the stream")
 	}
-	dbtest.WaitFor(t, 40*time.Second, "every message acked", func() bool {
-		return c.Processed.Load()+c.Duplicates.Load() == total && b.unacked(t) == 0
+	c.Wait(t, 40*time.Second, "every message acked", func() bool {
+		return processed(c)+duplicates(c) == total && b.unacked(t) == 0
 	})
 	if n := b.effects(t); n != len(unique) {
 		t.Fatalf("effects = %d, want %d unique of %d", n, len(unique), total)
@@ -235,13 +237,12 @@ func TestThousandMessagesThirtyPercentDuplicatesFourWorkers(t *testing.T) {
 	if n := b.db.Count(t, "SELECT count(DISTINCT msg_id) FROM effects"); n != len(unique) {
 		t.Fatalf("distinct effects = %d, want %d", n, len(unique))
 	}
-	if c.Processed.Load() != int64(len(unique)) || c.Duplicates.Load() != int64(total-len(unique)) {
+	if processed(c) != int64(len(unique)) || duplicates(c) != int64(total-len(unique)) {
 		t.Fatalf("processed = %d, duplicates = %d; want %d and %d",
-			c.Processed.Load(), c.Duplicates.Load(), len(unique), total-len(unique))
+			processed(c), duplicates(c), len(unique), total-len(unique))
 	}
-	if c.Retries.Load() != 0 || c.Terminated.Load() != 0 || c.AckFailed.Load() != 0 {
-		t.Fatalf("retries = %d, terminated = %d, ack failures = %d; want none",
-			c.Retries.Load(), c.Terminated.Load(), c.AckFailed.Load())
+	if c.Events(dedupe.EventRetried) != 0 || c.Events(dedupe.EventTerminated) != 0 || c.Events(dedupe.EventAckFailed) != 0 {
+		t.Fatalf("observed %s; want no retry, termination or ack failure", c)
 	}
 }
 
@@ -249,13 +250,13 @@ func TestPoisonAndPermanentTerminatedOthersFlow(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	var (
-		c     dedupenats.Counters
+		c     = observetest.New()
 		mu    sync.Mutex
 		calls = map[string]int{}
 	)
-	cfg := fastConfig(&c)
+	cfg := fastConfig()
 	cfg.MaxAttempts = 3
-	r := newRunner(t, b, b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	r := newRunner(t, b.observed(t, c), b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		id := dedupe.ClaimFromContext(ctx).Key.ID
 		mu.Lock()
 		calls[id]++
@@ -281,8 +282,8 @@ func TestPoisonAndPermanentTerminatedOthersFlow(t *testing.T) {
 	for n := range 20 {
 		b.publish(t, fmt.Sprintf("ok-%d", n), "fine")
 	}
-	dbtest.WaitFor(t, 20*time.Second, "20 effects and 4 terminations", func() bool {
-		return b.effects(t) == 20 && c.Terminated.Load() == 4 && b.unacked(t) == 0
+	c.Wait(t, 20*time.Second, "20 effects and 4 terminations", func() bool {
+		return b.effects(t) == 20 && c.Events(dedupe.EventTerminated) == 4 && b.unacked(t) == 0
 	})
 	time.Sleep(200 * time.Millisecond) // ten backoffs: a terminated message must not come back
 	mu.Lock()
@@ -295,19 +296,23 @@ func TestPoisonAndPermanentTerminatedOthersFlow(t *testing.T) {
 			t.Errorf("key %s not recorded as failed after %d attempts", key, attempts)
 		}
 	}
-	if n := b.effects(t); n != 20 || c.Terminated.Load() != 4 {
-		t.Fatalf("effects = %d, terminated = %d; want 20 and 4", n, c.Terminated.Load())
+	if n := b.effects(t); n != 20 || c.Events(dedupe.EventTerminated) != 4 {
+		t.Fatalf("effects = %d, terminated = %d; want 20 and 4", n, c.Events(dedupe.EventTerminated))
+	}
+	// Three were poisoned by their handlings; the keyless one was refused.
+	if c.Handled(dedupe.OutcomePoisoned) != 3 || c.Events(dedupe.EventRefused) != 1 {
+		t.Fatalf("observed %s; want 3 poisoned and 1 refused", c)
 	}
 }
 
 func TestHeartbeatKeepsLongHandlerFromRedelivery(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{ackWait: time.Second})
-	var c dedupenats.Counters
-	cfg := fastConfig(&c)
+	c := observetest.New()
+	cfg := fastConfig()
 	cfg.Heartbeat = 200 * time.Millisecond
 	var runs atomic.Int64
-	r := newRunner(t, b, b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	r := newRunner(t, b.observed(t, c), b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		runs.Add(1)
 		select { // two and a half AckWaits
 		case <-time.After(2500 * time.Millisecond):
@@ -318,16 +323,16 @@ func TestHeartbeatKeepsLongHandlerFromRedelivery(t *testing.T) {
 	})
 	dbtest.Background(t, "runner", r.Run)
 	b.publish(t, "slow", "x")
-	dbtest.WaitFor(t, 10*time.Second, "the slow message acked", func() bool {
-		return c.Processed.Load() == 1 && b.unacked(t) == 0
+	c.Wait(t, 10*time.Second, "the slow message acked", func() bool {
+		return processed(c) == 1 && b.unacked(t) == 0
 	})
 	ci, err := b.cons.Info(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ci.NumRedelivered != 0 || c.Duplicates.Load() != 0 || runs.Load() != 1 {
+	if ci.NumRedelivered != 0 || duplicates(c) != 0 || runs.Load() != 1 {
 		t.Fatalf("redelivered = %d, duplicates = %d, runs = %d; want 0, 0, 1 (InProgress must hold the message)",
-			ci.NumRedelivered, c.Duplicates.Load(), runs.Load())
+			ci.NumRedelivered, duplicates(c), runs.Load())
 	}
 }
 
@@ -336,11 +341,11 @@ func TestShutdownNeverAcksUncommittedWork(t *testing.T) {
 	// A long AckWait: the released messages must come back at once (Nak),
 	// and the wait for them below (10s) stays far from it.
 	b := setup(t, setupOpts{ackWait: 2 * time.Minute})
-	var c1 dedupenats.Counters
-	cfg := fastConfig(&c1)
+	c1 := observetest.New()
+	cfg := fastConfig()
 	cfg.DrainTimeout = 100 * time.Millisecond
 	started := make(chan struct{}, 8)
-	r1 := newRunner(t, b, b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	r1 := newRunner(t, b.observed(t, c1), b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		if err := insertEffect(ctx, tx, msg); err != nil {
 			return err
 		}
@@ -365,8 +370,8 @@ func TestShutdownNeverAcksUncommittedWork(t *testing.T) {
 	}
 	// The four stuck ones are released after DrainTimeout, the two buffered
 	// ones at once.
-	if c1.Processed.Load() != 0 || c1.Released.Load() != 6 {
-		t.Fatalf("processed = %d, released = %d; want 0 and 6", c1.Processed.Load(), c1.Released.Load())
+	if processed(c1) != 0 || c1.Events(dedupe.EventReleased) != 6 {
+		t.Fatalf("processed = %d, released = %d; want 0 and 6", processed(c1), c1.Events(dedupe.EventReleased))
 	}
 	if n := b.unacked(t); n != 6 {
 		t.Fatalf("unacked after shutdown = %d, want 6", n)
@@ -376,24 +381,23 @@ func TestShutdownNeverAcksUncommittedWork(t *testing.T) {
 	}
 
 	// The next consumer gets all of them at once (Nak, not AckWait) and
-	// processes each exactly once. The runner reports a message after its
-	// ack, so wait for the count itself, not only for the acks.
-	var c2 dedupenats.Counters
-	dbtest.Background(t, "runner", newRunner(t, b, b.cons, fastConfig(&c2), nil).Run)
-	dbtest.WaitFor(t, 10*time.Second, "six messages processed by the second runner", func() bool {
-		return c2.Processed.Load() == 6 && b.unacked(t) == 0
+	// processes each exactly once.
+	c2 := observetest.New()
+	dbtest.Background(t, "runner", newRunner(t, b.observed(t, c2), b.cons, fastConfig(), nil).Run)
+	c2.Wait(t, 10*time.Second, "six messages processed by the second runner", func() bool {
+		return processed(c2) == 6 && b.unacked(t) == 0
 	})
-	if n := b.effects(t); n != 6 || c2.Duplicates.Load() != 0 {
-		t.Fatalf("effects = %d, duplicates = %d; want 6 and 0", n, c2.Duplicates.Load())
+	if n := b.effects(t); n != 6 || duplicates(c2) != 0 {
+		t.Fatalf("effects = %d, duplicates = %d; want 6 and 0", n, duplicates(c2))
 	}
 }
 
 func TestShutdownLetsInFlightWorkCommitWithinDrainTimeout(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	var c dedupenats.Counters
+	c := observetest.New()
 	started := make(chan struct{}, 1)
-	r := newRunner(t, b, b.cons, fastConfig(&c), func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	r := newRunner(t, b.observed(t, c), b.cons, fastConfig(), func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		started <- struct{}{}
 		time.Sleep(300 * time.Millisecond)
 		return insertEffect(ctx, tx, msg)
@@ -406,8 +410,8 @@ func TestShutdownLetsInFlightWorkCommitWithinDrainTimeout(t *testing.T) {
 		t.Fatal("handler did not start")
 	}
 	stop()
-	if n := b.effects(t); n != 1 || c.Processed.Load() != 1 {
-		t.Fatalf("effects = %d, processed = %d; want 1 and 1", n, c.Processed.Load())
+	if n := b.effects(t); n != 1 || processed(c) != 1 {
+		t.Fatalf("effects = %d, processed = %d; want 1 and 1", n, processed(c))
 	}
 	if n := b.unacked(t); n != 0 {
 		t.Fatalf("unacked = %d, want 0", n)
@@ -418,10 +422,10 @@ func TestDatabaseConnectionKilledMidHandlerRetriedOneEffect(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	var (
-		c     dedupenats.Counters
+		c     = observetest.New()
 		kills atomic.Int64
 	)
-	r := newRunner(t, b, b.cons, fastConfig(&c), func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	r := newRunner(t, b.observed(t, c), b.cons, fastConfig(), func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		if err := insertEffect(ctx, tx, msg); err != nil {
 			return err
 		}
@@ -436,11 +440,11 @@ func TestDatabaseConnectionKilledMidHandlerRetriedOneEffect(t *testing.T) {
 	})
 	dbtest.Background(t, "runner", r.Run)
 	b.publish(t, "o-1", "x")
-	dbtest.WaitFor(t, 15*time.Second, "the message processed after the kill", func() bool {
-		return c.Processed.Load() == 1 && b.unacked(t) == 0
+	c.Wait(t, 15*time.Second, "the message processed after the kill", func() bool {
+		return processed(c) == 1 && b.unacked(t) == 0
 	})
-	if n := b.effects(t); n != 1 || c.Retries.Load() < 1 {
-		t.Fatalf("effects = %d, retries = %d; want 1 and at least 1", n, c.Retries.Load())
+	if n := b.effects(t); n != 1 || c.Events(dedupe.EventRetried) < 1 {
+		t.Fatalf("effects = %d, retries = %d; want 1 and at least 1", n, c.Events(dedupe.EventRetried))
 	}
 }
 
@@ -457,14 +461,14 @@ func TestNewValidatesConfig(t *testing.T) {
 		"negative pull expiry":        {PullExpiry: -time.Second},
 	}
 	for name, cfg := range cases {
-		if _, err := dedupenats.New(b.inbox, b.cons, insertEffect, cfg); !errors.Is(err, dedupe.ErrInvalidConfig) {
+		if _, err := dedupenats.New(b.inbox, b.cons, *cfg, insertEffect); !errors.Is(err, dedupe.ErrInvalidConfig) {
 			t.Errorf("%s: err = %v, want ErrInvalidConfig", name, err)
 		}
 	}
-	if _, err := dedupenats.New(nil, b.cons, insertEffect, nil); !errors.Is(err, dedupe.ErrInvalidConfig) {
+	if _, err := dedupenats.New(nil, b.cons, dedupenats.Config{}, insertEffect); !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Errorf("nil inbox: err = %v", err)
 	}
-	r, err := dedupenats.New(b.inbox, b.cons, insertEffect, nil)
+	r, err := dedupenats.New(b.inbox, b.cons, dedupenats.Config{}, insertEffect)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -477,22 +481,22 @@ func TestConcurrentDuplicateInFlightNakedWithDelay(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	var (
-		c      dedupenats.Counters
+		c      = observetest.New()
 		mu     sync.Mutex
 		delays []time.Duration
 		runs   atomic.Int64
 	)
-	cfg := fastConfig(nil)
+	cfg := fastConfig()
 	cfg.LockTimeout = 50 * time.Millisecond
 	cfg.InFlightDelay = 150 * time.Millisecond
-	cfg.Metrics = dedupenats.Tee(&c, dedupenats.MetricsFunc(func(_ context.Context, e dedupenats.Event) {
-		if e.Kind == dedupenats.KindInFlight {
+	obs := dedupe.Observers(c, observetest.OnEvent(func(_ context.Context, e dedupe.TransportEvent) {
+		if e.Name == dedupe.EventRetried && errors.Is(e.Err, dedupe.ErrInFlight) {
 			mu.Lock()
 			delays = append(delays, e.Delay)
 			mu.Unlock()
 		}
 	}))
-	r := newRunner(t, b, b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+	r := newRunner(t, b.observed(t, obs), b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		runs.Add(1)
 		time.Sleep(400 * time.Millisecond) // hold the claim's row lock
 		return insertEffect(ctx, tx, msg)
@@ -500,13 +504,13 @@ func TestConcurrentDuplicateInFlightNakedWithDelay(t *testing.T) {
 	dbtest.Background(t, "runner", r.Run)
 	b.publish(t, "order-1", "x")
 	b.publish(t, "order-1", "x")
-	dbtest.WaitFor(t, 10*time.Second, "both copies acked", func() bool {
-		return c.Processed.Load() == 1 && c.Duplicates.Load() == 1 && b.unacked(t) == 0
+	c.Wait(t, 10*time.Second, "both copies acked", func() bool {
+		return processed(c) == 1 && duplicates(c) == 1 && b.unacked(t) == 0
 	})
 	mu.Lock()
 	defer mu.Unlock()
-	if len(delays) == 0 {
-		t.Fatal("the concurrent copy was never reported in flight")
+	if len(delays) == 0 || int64(len(delays)) != c.Handled(dedupe.OutcomeInFlight) {
+		t.Fatalf("in-flight naks = %d, in-flight handlings observed = %d; want as many, at least 1", len(delays), c.Handled(dedupe.OutcomeInFlight))
 	}
 	for _, d := range delays {
 		if d != 150*time.Millisecond {
@@ -524,7 +528,7 @@ func TestConsumerSettingsThatBreakTheGuarantee(t *testing.T) {
 	ctx := context.Background()
 	// AckAll would acknowledge messages other workers have not committed.
 	_, err := dedupenats.Open(ctx, b.inbox, b.js, streamName,
-		jetstream.ConsumerConfig{Durable: "ackall", AckPolicy: jetstream.AckAllPolicy}, insertEffect, nil)
+		jetstream.ConsumerConfig{Durable: "ackall", AckPolicy: jetstream.AckAllPolicy}, dedupenats.Config{}, insertEffect)
 	if !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Fatalf("Open with AckAll: err = %v, want ErrInvalidConfig", err)
 	}
@@ -532,17 +536,17 @@ func TestConsumerSettingsThatBreakTheGuarantee(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dedupenats.New(b.inbox, cons, insertEffect, nil); !errors.Is(err, dedupe.ErrInvalidConfig) {
+	if _, err := dedupenats.New(b.inbox, cons, dedupenats.Config{}, insertEffect); !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Fatalf("New with an AckAll consumer: err = %v, want ErrInvalidConfig", err)
 	}
-	if _, err := dedupenats.Open(ctx, b.inbox, b.js, streamName, jetstream.ConsumerConfig{}, insertEffect, nil); !errors.Is(err, dedupe.ErrInvalidConfig) {
+	if _, err := dedupenats.Open(ctx, b.inbox, b.js, streamName, jetstream.ConsumerConfig{}, dedupenats.Config{}, insertEffect); !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Fatalf("Open without a durable: err = %v, want ErrInvalidConfig", err)
 	}
 
 	// MaxDeliver below the inbox's attempts: the runner terminates on the
 	// last delivery JetStream makes, so the failure is recorded.
 	r, err := dedupenats.Open(ctx, b.inbox, b.js, streamName,
-		jetstream.ConsumerConfig{Durable: "capped", MaxDeliver: 2}, insertEffect, nil)
+		jetstream.ConsumerConfig{Durable: "capped", MaxDeliver: 2}, dedupenats.Config{}, insertEffect)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -550,7 +554,7 @@ func TestConsumerSettingsThatBreakTheGuarantee(t *testing.T) {
 		t.Fatalf("MaxAttempts = %d, want MaxDeliver 2", got)
 	}
 	if _, err := dedupenats.Open(ctx, b.inbox, b.js, streamName, jetstream.ConsumerConfig{Durable: "capped", MaxDeliver: 2},
-		insertEffect, &dedupenats.Config{MaxAttempts: 5}); !errors.Is(err, dedupe.ErrInvalidConfig) {
+		dedupenats.Config{MaxAttempts: 5}, insertEffect); !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Fatalf("MaxAttempts above MaxDeliver: err = %v, want ErrInvalidConfig", err)
 	}
 }
@@ -558,22 +562,22 @@ func TestConsumerSettingsThatBreakTheGuarantee(t *testing.T) {
 func TestMaxDeliverPoisonRecordedOnLastDelivery(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	var c dedupenats.Counters
-	cfg := fastConfig(&c)
-	r, err := dedupenats.Open(context.Background(), b.inbox, b.js, streamName,
+	c := observetest.New()
+	cfg := fastConfig()
+	r, err := dedupenats.Open(context.Background(), b.observed(t, c).inbox, b.js, streamName,
 		jetstream.ConsumerConfig{Durable: "capped", FilterSubject: "orders.created", MaxDeliver: 3, AckWait: 2 * time.Second},
-		func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error { return errors.New("always fails") }, cfg)
+		*cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error { return errors.New("always fails") })
 	if err != nil {
 		t.Fatal(err)
 	}
 	dbtest.Background(t, "runner", r.Run)
 	b.publish(t, "doomed", "x")
-	dbtest.WaitFor(t, 10*time.Second, "the message terminated", func() bool { return c.Terminated.Load() == 1 })
+	c.Wait(t, 10*time.Second, "the message terminated", func() bool { return c.Events(dedupe.EventTerminated) == 1 })
 	if n := b.db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE key = 'doomed' AND state = 'failed' AND attempts = 3"); n != 1 {
 		t.Fatal("the poison key was not recorded as failed after MaxDeliver attempts")
 	}
-	if c.Retries.Load() != 2 {
-		t.Fatalf("retries = %d, want 2", c.Retries.Load())
+	if c.Events(dedupe.EventRetried) != 2 || c.Handled(dedupe.OutcomeRetry) != 2 || c.Handled(dedupe.OutcomePoisoned) != 1 {
+		t.Fatalf("observed %s; want 2 retried, then poisoned", c)
 	}
 }
 

@@ -30,14 +30,14 @@ func TestSuite(t *testing.T) {
 					return nil
 				},
 				Start: func(ctx context.Context, inbox *dedupe.Inbox, rc adaptertest.RunConfig, effect adaptertest.Effect) func() error {
-					r, err := dedupenats.New(inbox, b.cons, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
-						return effect(ctx, tx, dedupe.ClaimFromContext(ctx).Key.ID, msg.Data())
-					}, &dedupenats.Config{
+					r, err := dedupenats.New(inbox, b.cons, dedupenats.Config{
 						Key:         dedupenats.HeaderKey(orderIDHdr),
 						Workers:     rc.Workers,
 						MaxAttempts: rc.MaxAttempts,
 						Backoff:     func(int) time.Duration { return 20 * time.Millisecond },
 						PullExpiry:  500 * time.Millisecond,
+					}, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+						return effect(ctx, tx, dedupe.ClaimFromContext(ctx).Key.ID, msg.Data())
 					})
 					if err != nil {
 						t.Fatalf("new runner: %v", err)

@@ -41,7 +41,7 @@ func New(t testing.TB, cfg *dedupeotel.Config) *Tel {
 		c = *cfg
 	}
 	c.TracerProvider, c.MeterProvider = e.Provider, mp
-	obs, err := dedupeotel.New(&c)
+	obs, err := dedupeotel.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,11 +43,11 @@ type Telemetry struct {
 // Start configures OpenTelemetry from the environment and builds the
 // Observer on its providers. Call Shutdown before exiting.
 func Start(ctx context.Context, o Options) (*Telemetry, error) {
-	tel, err := otelsetup.Start(ctx, &otelsetup.Config{ServiceName: o.Service, Prometheus: o.Prometheus})
+	tel, err := otelsetup.Start(ctx, otelsetup.Config{ServiceName: o.Service, Prometheus: o.Prometheus})
 	if err != nil {
 		return nil, err
 	}
-	obs, err := dedupeotel.New(&dedupeotel.Config{TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider,
+	obs, err := dedupeotel.New(dedupeotel.Config{TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider,
 		Propagator: tel.Propagator, OutboxSystem: o.OutboxSystem})
 	if err != nil {
 		return nil, errors.Join(err, tel.Shutdown(ctx))

@@ -1,0 +1,161 @@
+//go:build unix
+
+package readme
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rogpeppe/go-internal/testscript"
+	"github.com/rogpeppe/go-internal/txtar"
+
+	"github.com/exactlyonce/dedupe/internal/dbtest"
+)
+
+// notRun lists the README's shell blocks that no script runs, each found by
+// a line it contains, with the reason.
+var notRun = map[string]string{
+	"go test -race -count=1 github.com/exactlyonce/dedupe/...": "the test suite itself (.ci/run runs it); its quickstart line is the Quickstart block, which runs",
+	"go run ./cmd/soak                      # or .ci/soak":     "minutes of fault injection; go test ./cmd/soak runs a short soak, and internal/badinput is part of the suite",
+}
+
+// TestREADMEBlocksRun runs every script of testdata/readme: each holds one
+// shell block of README.md, word for word (TestREADMEBlocksCovered checks
+// that), and runs it with bash in a copy of the repository, with a schema
+// of its own in DATABASE_URL and free ports in NATS_URL, KAFKA_BROKERS and
+// ADDR, then checks what it printed and wrote. (Each copy compiles the
+// repository's own packages again, their directory being part of the build
+// cache's key; third-party packages come from the cache.)
+func TestREADMEBlocksRun(t *testing.T) {
+	root := repoRoot(t)
+	base := dbtest.BaseURL(t)
+	goEnv := goEnvVars(t)
+	testscript.Run(t, testscript.Params{
+		Dir:                 "testdata/readme",
+		Deadline:            deadline(t),
+		RequireExplicitExec: true,
+		RequireUniqueNames:  true,
+		Setup: func(env *testscript.Env) error {
+			if err := copyTree(root, env.WorkDir); err != nil {
+				return err
+			}
+			home := filepath.Join(env.WorkDir, ".home")
+			if err := os.Mkdir(home, 0o755); err != nil {
+				return err
+			}
+			url, err := schemaURL(env, base)
+			if err != nil {
+				return err
+			}
+			bin := filepath.Join(env.WorkDir, "bin")
+			vars := append([]string{"HOME=" + home, "DATABASE_URL=" + url, "GOBIN=" + bin,
+				"PATH=" + bin + string(os.PathListSeparator) + env.Getenv("PATH")}, goEnv...)
+			for _, name := range []string{"NATS_URL", "KAFKA_BROKERS", "ADDR"} {
+				addr, err := freeAddr()
+				if err != nil {
+					return err
+				}
+				if name == "NATS_URL" {
+					addr = "nats://" + addr
+				}
+				vars = append(vars, name+"="+addr)
+			}
+			return setenv(env, vars...)
+		},
+		Cmds: commands(),
+	})
+}
+
+// TestREADMEBlocksCovered keeps the scripts and README.md in step: every
+// sh block of the README is a .sh file of exactly one script, word for
+// word, unless notRun says why not; every plain (output) block is a .out
+// file of a script; and every .sh and .out file of the scripts is still in
+// the README.
+func TestREADMEBlocksCovered(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join(repoRoot(t), "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	scripts, err := filepath.Glob("testdata/readme/*.txtar")
+	if err != nil || len(scripts) == 0 {
+		t.Fatalf("no scripts in testdata/readme (%v)", err)
+	}
+	files := map[string][]string{} // content → "script: file"
+	for _, s := range scripts {
+		a, err := txtar.ParseFile(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range a.Files {
+			if ext := filepath.Ext(f.Name); ext == ".sh" || ext == ".out" {
+				files[string(f.Data)] = append(files[string(f.Data)], filepath.Base(s)+": "+f.Name)
+			}
+		}
+	}
+	used := map[string]bool{}
+	for _, b := range fencedBlocks(string(readme)) {
+		if b.lang != "sh" && b.lang != "" {
+			continue
+		}
+		if why := skipped(b.text); why != "" && b.lang == "sh" {
+			t.Logf("README.md:%d not run: %s", b.line, why)
+			continue
+		}
+		in := files[b.text]
+		switch {
+		case len(in) == 0:
+			t.Errorf("README.md:%d: this %q block is in no script of testdata/readme (copy it word for word into a .sh or .out file of one, or list it in notRun with the reason):\n%s",
+				b.line, b.lang, b.text)
+		case len(in) > 1:
+			t.Errorf("README.md:%d: block is in several scripts: %v", b.line, in)
+		}
+		used[b.text] = true
+	}
+	for text, in := range files {
+		if !used[text] {
+			t.Errorf("%v: not a block of README.md any more (update it from the README, or remove it):\n%s", in, text)
+		}
+	}
+	for line := range notRun {
+		if !strings.Contains(string(readme), line) {
+			t.Errorf("notRun names %q, which README.md no longer holds", line)
+		}
+	}
+}
+
+// skipped returns why the block is not run, or "".
+func skipped(text string) string {
+	for line, why := range notRun {
+		if strings.Contains(text, line) {
+			return why
+		}
+	}
+	return ""
+}
+
+// TestExamplesImportNoInternal: a program copied out of examples/ must
+// build, so no example imports an internal package of the repository
+// (their tests may; the core's own internal packages come along with it).
+func TestExamplesImportNoInternal(t *testing.T) {
+	cmd := exec.Command("go", "list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, "github.com/exactlyonce/dedupe/examples/...")
+	cmd.Dir = repoRoot(t)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) < 6 {
+		t.Fatalf("go list found %d example packages:\n%s", len(lines), out)
+	}
+	for _, line := range lines {
+		fields := strings.Fields(line)
+		for _, imp := range fields[1:] {
+			if strings.HasPrefix(imp, "github.com/exactlyonce/dedupe/") && (strings.Contains(imp, "/internal/") || strings.HasSuffix(imp, "/internal")) {
+				t.Errorf("%s imports %s", fields[0], imp)
+			}
+		}
+	}
+}
