@@ -100,6 +100,11 @@ var comparisons = []comparison{
 		hand: side{name: "hand-written kafka-go consumer", drain: (*bench).kafkaHand},
 	},
 	{
+		name: "dedupekafka.Runner vs commit per message", section: sectionTransport, unit: perTx, ceiling: 10000,
+		lib:  side{name: "dedupekafka.Runner", drain: (*bench).kafkaRunner},
+		hand: side{name: "hand-written kafka-go consumer, offset committed per message", drain: (*bench).kafkaHandPerMessage},
+	},
+	{
 		name: "dedupe.Relay → JetStream", section: sectionTransport, unit: perCycle, ceiling: 50000,
 		lib:  side{name: "dedupe.Relay", drain: (*bench).relayLib},
 		hand: side{name: "hand-written outbox relay", drain: (*bench).relayHand},

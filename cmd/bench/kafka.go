@@ -74,6 +74,20 @@ func benchReaderConfig(brokers []string) kafka.ReaderConfig {
 // running the hand-written claim + effect transaction and then
 // CommitMessages (which queues the offset). Latency: the transaction.
 func (b *bench) kafkaHand(ctx context.Context, partitions int, backlog int64) (*sample, error) {
+	return b.kafkaHandCommitting(ctx, partitions, backlog, kafkaCommitInterval)
+}
+
+// kafkaHandPerMessage is kafkaHand committing each message's offset to the
+// broker before the next (CommitInterval 0: CommitMessages waits for the
+// commit), the way a consumer that wants no redeliveries is often written:
+// the baseline issue 16 measures the runner against, next to the async one.
+func (b *bench) kafkaHandPerMessage(ctx context.Context, partitions int, backlog int64) (*sample, error) {
+	return b.kafkaHandCommitting(ctx, partitions, backlog, 0)
+}
+
+// kafkaHandCommitting is the hand-written consumer with the reader's
+// CommitInterval set to every (0: synchronous commits).
+func (b *bench) kafkaHandCommitting(ctx context.Context, partitions int, backlog int64, every time.Duration) (*sample, error) {
 	if err := b.reset(ctx, b.run); err != nil {
 		return nil, err
 	}
@@ -83,7 +97,7 @@ func (b *bench) kafkaHand(ctx context.Context, partitions int, backlog int64) (*
 	}
 	defer stopCluster()
 	rc := benchReaderConfig(brokers)
-	rc.CommitInterval = kafkaCommitInterval
+	rc.CommitInterval = every
 	r := kafka.NewReader(rc)
 	defer r.Close()
 	win := newWindow(backlog)
