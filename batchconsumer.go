@@ -242,7 +242,7 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, 
 		return nil
 	}
 	n := valid[failedAt]
-	if g.ended() {
+	if g.Ended() {
 		b.endedAt(ctx, keys, valid, fresh, claims, failedAt, herr, res)
 	} else {
 		// Record the failing message's attempt while its claim is held,

@@ -46,7 +46,7 @@ func runGuarded(g *guardedTx, call func() error) (err error) {
 	if err := call(); err != nil {
 		return err
 	}
-	return g.check()
+	return checkGuard(g)
 }
 
 // inFlightOr reports a lock timeout as OutcomeInFlight, any other error as is.
@@ -116,7 +116,7 @@ func (d *txDriver) failed(ctx context.Context, tx pgx.Tx, g *guardedTx, claim *C
 		attempts int
 		err      error
 	)
-	if g.ended() {
+	if g.Ended() {
 		// The handler ended the transaction; the claim went with it. Count
 		// the attempt on its own.
 		attempts, poisoned, err = d.inbox.recordFailure(ctx, claim.Key, herr, d.maxAttempts)

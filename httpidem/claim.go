@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/internal/txguard"
 )
 
 // claimRetries is how often a transactional claim aborted by a
@@ -135,7 +136,7 @@ func (p *pipelinedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn
 // Query runs a query in the transaction.
 func (p *pipelinedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if err := p.next(ctx); err != nil {
-		return errRows{err}, err
+		return txguard.Refused(err), err
 	}
 	return p.tx.Query(ctx, sql, args...)
 }
@@ -143,7 +144,7 @@ func (p *pipelinedTx) Query(ctx context.Context, sql string, args ...any) (pgx.R
 // QueryRow runs a one-row query in the transaction.
 func (p *pipelinedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if err := p.next(ctx); err != nil {
-		return errRows{err}
+		return txguard.Refused(err)
 	}
 	return p.tx.QueryRow(ctx, sql, args...)
 }

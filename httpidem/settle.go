@@ -51,7 +51,7 @@ func (m *Middleware) newSettlement(rctx context.Context, claim *dedupe.Claim, g 
 		log: m.cfg.Logger.With("key", claim.Key.String(), "mode", m.mode.String())}
 	if g != nil {
 		s.status = stateOf(g.Tx)
-		s.tx = g.end()
+		s.tx = g.End()
 	}
 	return s
 }
