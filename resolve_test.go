@@ -19,25 +19,7 @@ import (
 // that applies the test's policy.
 func faultyPool(t *testing.T, b *bundle, policy pgproxy.Policy) (*pgxpool.Pool, *pgproxy.Proxy) {
 	t.Helper()
-	host, err := pgproxy.Host(b.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := pgproxy.Start(host, policy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	u, err := p.URL(b.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.New(context.Background(), u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool, p
+	return dbtest.ProxyPool(t, b.db.URL, policy)
 }
 
 // once returns a policy that applies action to the first message matching

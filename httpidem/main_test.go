@@ -265,24 +265,7 @@ func forModes(t *testing.T, f func(t *testing.T, mode httpidem.Mode)) {
 // policy.
 func (b *bundle) viaProxy(t *testing.T, policy pgproxy.Policy, cfg httpidem.Config) (*pgxpool.Pool, *pgproxy.Proxy) {
 	t.Helper()
-	host, err := pgproxy.Host(b.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := pgproxy.Start(host, policy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	u, err := p.URL(b.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.New(context.Background(), u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, p := dbtest.ProxyPool(t, b.db.URL, policy)
 	if cfg.Inbox.Clock == nil {
 		cfg.Inbox.Clock = b.clock.Now
 	}

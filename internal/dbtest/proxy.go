@@ -1,0 +1,36 @@
+package dbtest
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactlyonce/dedupe/internal/pgproxy"
+)
+
+// ProxyPool returns a pool to the server of url whose connections pass
+// through a PostgreSQL-protocol proxy applying policy, and the proxy; both
+// close when the test ends.
+func ProxyPool(t testing.TB, url string, policy pgproxy.Policy) (*pgxpool.Pool, *pgproxy.Proxy) {
+	t.Helper()
+	host, err := pgproxy.Host(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := pgproxy.Start(host, policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	u, err := p.URL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(context.Background(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, p
+}
