@@ -16,6 +16,7 @@ type countingObserver struct {
 	dedupe.NopObserver
 	mu       sync.Mutex
 	started  int
+	ended    int
 	outcomes map[dedupe.Outcome]int
 	errs     int
 	first    dedupe.HandleInfo
@@ -28,22 +29,26 @@ func (o *countingObserver) StartHandle(ctx context.Context, h dedupe.HandleInfo)
 	}
 	o.started++
 	o.mu.Unlock()
-	var once sync.Once
 	return ctx, func(d dedupe.HandleDone) {
-		once.Do(func() {
-			o.mu.Lock()
-			defer o.mu.Unlock()
-			o.outcomes[d.Outcome]++
-			if d.Err != nil && (d.Outcome == dedupe.OutcomeClaimed || d.Outcome == dedupe.OutcomeRetry) {
-				o.errs++
-			}
-		})
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		o.ended++
+		o.outcomes[d.Outcome]++
+		if d.Err != nil && (d.Outcome == dedupe.OutcomeClaimed || d.Outcome == dedupe.OutcomeRetry) {
+			o.errs++
+		}
 	}
 }
 
-func (o *countingObserver) snapshot() (started int, outcomes map[dedupe.Outcome]int, errs int, first dedupe.HandleInfo) {
+// snapshot returns the counts; it fails t unless every handling started
+// ended exactly once.
+func (o *countingObserver) snapshot(t *testing.T) (started int, outcomes map[dedupe.Outcome]int, errs int, first dedupe.HandleInfo) {
+	t.Helper()
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if o.ended != o.started {
+		t.Errorf("handlings started = %d, ended = %d: each must end exactly once", o.started, o.ended)
+	}
 	out := make(map[dedupe.Outcome]int, len(o.outcomes))
 	for k, v := range o.outcomes {
 		out[k] = v
@@ -80,7 +85,7 @@ func TestObserverSeesEveryRequestOnce(t *testing.T) {
 			t.Fatalf("failing request: %d %s", got.status, got.body)
 		}
 
-		started, outcomes, errs, first := obs.snapshot()
+		started, outcomes, errs, first := obs.snapshot(t)
 		if started != n+2 {
 			t.Errorf("handlings started = %d, want %d (one per request with a key)", started, n+2)
 		}
@@ -113,7 +118,7 @@ func TestObserverSeesReleasedKeysAsRetries(t *testing.T) {
 		if got := b.post(t, "acme", "obs-retry", order{CartID: "c3", TotalCents: 1, Fail: true}); got.status != http.StatusInternalServerError {
 			t.Fatalf("failing request: %d %s", got.status, got.body)
 		}
-		_, outcomes, errs, _ := obs.snapshot()
+		_, outcomes, errs, _ := obs.snapshot(t)
 		if outcomes[dedupe.OutcomeRetry] != 1 || errs != 1 || len(outcomes) != 1 {
 			t.Errorf("outcomes = %v (with an error: %d), want one retry with its error", outcomes, errs)
 		}
