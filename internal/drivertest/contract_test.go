@@ -233,6 +233,15 @@ func contract[TTx any](t *testing.T, k kit[TTx]) {
 		if left := second.LeaseLeft(); left <= 0 || left > 30*time.Second {
 			t.Fatalf("lease left = %v, want within (0, 30s]", left)
 		}
+		// Intervals of days and fractions of a second read back whole.
+		long := b.newInbox(t, b.inbox, dedupe.Config{Lease: 49*time.Hour + 1500*time.Millisecond})
+		c, err := long.Begin(ctx, dedupe.Key{Scope: "jobs", ID: "l-2"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if left := c.LeaseLeft(); left <= 49*time.Hour || left > 49*time.Hour+1500*time.Millisecond {
+			t.Fatalf("lease left = %v, want within (49h, 49h1.5s]", left)
+		}
 	})
 
 	t.Run("LostCommitReplyIsResolvedAsCommitted", func(t *testing.T) {
@@ -347,7 +356,10 @@ func contract[TTx any](t *testing.T, k kit[TTx]) {
 			t.Fatal(err)
 		}
 		ctx := context.Background()
-		keys := []dedupe.Key{{Scope: "b", ID: "1"}, {Scope: "b", ID: "2"}, {Scope: "b", ID: "1"}}
+		// IDs that an array literal must quote (database/sql sends arrays
+		// as text), and fingerprints in bytea arrays.
+		odd := `a "quoted", {braced} \\back\\slash NULL`
+		keys := []dedupe.Key{{Scope: "b", ID: odd, Fingerprint: []byte{0, 1, 255}}, {Scope: "b", ID: "NULL"}, {Scope: "b", ID: odd, Fingerprint: []byte{0, 1, 255}}}
 		tx, err := k.begin(ctx, b.inbox)
 		if err != nil {
 			t.Fatal(err)
@@ -372,9 +384,13 @@ func contract[TTx any](t *testing.T, k kit[TTx]) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := inbox.Claim(ctx, k.querier(tx), dedupe.Key{Scope: "b", ID: "1"})
+		c, err := inbox.Claim(ctx, k.querier(tx), dedupe.Key{Scope: "b", ID: odd, Fingerprint: []byte{0, 1, 255}})
 		if err != nil || c.Outcome != dedupe.OutcomeDuplicate || c.Result == nil || c.Result.Status != 200 || c.Result.Headers["A"][0] != "b" {
 			t.Fatalf("claim of a committed key = %+v, %v; want a duplicate with its result", c, err)
+		}
+		other, err := inbox.Claim(ctx, k.querier(tx), dedupe.Key{Scope: "b", ID: odd, Fingerprint: []byte{2}})
+		if err != nil || other.Outcome != dedupe.OutcomeConflict {
+			t.Fatalf("claim with another fingerprint = %+v, %v; want a conflict", other, err)
 		}
 		_ = k.rollback(ctx, tx)
 
