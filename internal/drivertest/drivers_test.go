@@ -3,6 +3,7 @@ package drivertest_test
 import (
 	"context"
 	"database/sql"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -58,7 +59,7 @@ var pgxKit = kit[pgx.Tx]{
 
 // sqlKit is database/sql over the named driver.
 func sqlKit(driverName string) kit[*sql.Tx] {
-	var handles = map[dedupe.DB]*sql.DB{}
+	var handles sync.Map // dedupe.DB → *sql.DB; subtests run in parallel
 	return kit[*sql.Tx]{
 		name: "database/sql+" + driverName,
 		open: func(t testing.TB, url string) dedupe.DB {
@@ -69,7 +70,7 @@ func sqlKit(driverName string) kit[*sql.Tx] {
 			db.SetMaxOpenConns(16)
 			t.Cleanup(func() { _ = db.Close() })
 			d := dedupe.SQL(db)
-			handles[d] = db
+			handles.Store(d, db)
 			return d
 		},
 		exec: func(ctx context.Context, tx *sql.Tx, sql string, args ...any) error {
@@ -77,7 +78,8 @@ func sqlKit(driverName string) kit[*sql.Tx] {
 			return err
 		},
 		begin: func(ctx context.Context, db dedupe.DB) (*sql.Tx, error) {
-			return handles[db].BeginTx(ctx, nil)
+			h, _ := handles.Load(db)
+			return h.(*sql.DB).BeginTx(ctx, nil)
 		},
 		querier:  dedupe.SQLTx,
 		commit:   func(_ context.Context, tx *sql.Tx) error { return tx.Commit() },
