@@ -32,7 +32,10 @@ var DefaultKeyHeaders = []string{"Idempotency-Key", "message-id"}
 // messages of its batch). Write the effects through tx. Return an error to roll
 // back; wrap it with dedupe.Permanent when retrying cannot help. ctx ends when
 // the runner stops or the partition is revoked: return promptly then.
-type HandlerFunc = dedupe.HandlerFunc[kafka.Message]
+//
+// HandlerFunc is the handler of an inbox over pgx; New also takes a
+// dedupe.TxHandlerFunc[*sql.Tx, kafka.Message] for an inbox over dedupe.SQL.
+type HandlerFunc = dedupe.TxHandlerFunc[pgx.Tx, kafka.Message]
 
 // BatchHandlerFunc processes the new messages of one batch (of one
 // partition, in offset order) inside tx, the transaction that holds their
@@ -40,7 +43,11 @@ type HandlerFunc = dedupe.HandlerFunc[kafka.Message]
 // unnest insert, COPY). Duplicates of the batch are left out. If it fails,
 // the batch is rolled back and each of its messages is handled again alone,
 // with a one-message slice, in its own transaction.
-type BatchHandlerFunc func(ctx context.Context, tx pgx.Tx, msgs []kafka.Message) error
+//
+// BatchHandlerFunc is the batch handler of an inbox over pgx; NewBatch also
+// takes a dedupe.TxBatchHandlerFunc[*sql.Tx, kafka.Message] for an inbox over
+// dedupe.SQL.
+type BatchHandlerFunc = dedupe.TxBatchHandlerFunc[pgx.Tx, kafka.Message]
 
 // Writer is the part of *kafka.Writer the dead-letter path uses.
 type Writer interface {

@@ -78,7 +78,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/exactlyonce/dedupe"
@@ -109,27 +108,62 @@ type Runner struct {
 // from it, so do not also open a kafka.Reader with it. rc.CommitInterval is
 // ignored: the runner commits offsets itself, after the database
 // (Config.CommitInterval).
-func New(inbox *dedupe.Inbox, rc kafka.ReaderConfig, cfg Config, h HandlerFunc) (*Runner, error) {
+//
+// h receives the transaction of the inbox's driver: a pgx.Tx (HandlerFunc)
+// for an inbox over a pgx pool, a *sql.Tx for an inbox over dedupe.SQL. A
+// handler of the other type is refused with a *dedupe.ConfigError.
+func New[TTx any](inbox *dedupe.Inbox, rc kafka.ReaderConfig, cfg Config, h dedupe.TxHandlerFunc[TTx, kafka.Message]) (*Runner, error) {
 	if h == nil {
 		return nil, &dedupe.ConfigError{Field: "handler", Reason: "must not be nil"}
 	}
-	return newRunner(inbox, rc, cfg, h, nil)
+	return newRunner(inbox, rc, cfg, func(cc dedupe.ConsumerConfig[kafka.Message]) (consumers, error) {
+		// One message at a time and in batches, through the core's
+		// consumers: the same transaction driver, guard and attempt counting.
+		one, err := dedupe.NewConsumer(inbox, cc, h)
+		if err != nil {
+			return consumers{}, err
+		}
+		batch, err := dedupe.NewBatchConsumer(inbox, cc, h)
+		return consumers{one, batch}, err
+	})
 }
 
 // NewBatch returns a Runner in batch mode whose handler gets the new messages
 // of each batch together; see BatchHandlerFunc. Config.BatchSize defaults to
 // DefaultBatchHandlerSize.
-func NewBatch(inbox *dedupe.Inbox, rc kafka.ReaderConfig, cfg Config, h BatchHandlerFunc) (*Runner, error) {
+//
+// h receives the transaction of the inbox's driver, as for New: a pgx.Tx
+// (BatchHandlerFunc), or a *sql.Tx for an inbox over dedupe.SQL.
+func NewBatch[TTx any](inbox *dedupe.Inbox, rc kafka.ReaderConfig, cfg Config, h dedupe.TxBatchHandlerFunc[TTx, kafka.Message]) (*Runner, error) {
 	if h == nil {
 		return nil, &dedupe.ConfigError{Field: "handler", Reason: "must not be nil"}
 	}
 	if cfg.BatchSize == 0 {
 		cfg.BatchSize = DefaultBatchHandlerSize
 	}
-	return newRunner(inbox, rc, cfg, nil, h)
+	return newRunner(inbox, rc, cfg, func(cc dedupe.ConsumerConfig[kafka.Message]) (consumers, error) {
+		one, err := dedupe.NewConsumer(inbox, cc, func(ctx context.Context, tx TTx, m kafka.Message) error {
+			return h(ctx, tx, []kafka.Message{m})
+		})
+		if err != nil {
+			return consumers{}, err
+		}
+		batch, err := dedupe.NewBatchConsumerFunc(inbox, cc, h)
+		return consumers{one, batch}, err
+	})
 }
 
-func newRunner(inbox *dedupe.Inbox, rc kafka.ReaderConfig, cfg Config, h HandlerFunc, bh BatchHandlerFunc) (*Runner, error) {
+// consumers are the core's consumers a Runner handles messages with.
+type consumers struct {
+	one   *dedupe.Consumer[kafka.Message]      // one message per transaction
+	batch *dedupe.BatchConsumer[kafka.Message] // a batch per transaction
+}
+
+// newRunner validates the configuration and builds the runner's consumers
+// with build, which binds the handler (of whatever transaction type) to
+// them.
+func newRunner(inbox *dedupe.Inbox, rc kafka.ReaderConfig, cfg Config,
+	build func(dedupe.ConsumerConfig[kafka.Message]) (consumers, error)) (*Runner, error) {
 	if inbox == nil {
 		return nil, &dedupe.ConfigError{Field: "inbox", Reason: "must not be nil"}
 	}
@@ -142,32 +176,18 @@ func newRunner(inbox *dedupe.Inbox, rc kafka.ReaderConfig, cfg Config, h Handler
 	}
 	r := &Runner{inbox: inbox, rc: rc, cfg: c, errLog: kafkaLogger{log: c.Logger, next: rc.ErrorLogger},
 		obs: inbox.Config().Observer, describe: describe(rc.GroupID)}
-	cc := dedupe.ConsumerConfig[kafka.Message]{
+	cs, err := build(dedupe.ConsumerConfig[kafka.Message]{
 		Scope:       c.Scope,
 		Key:         r.keyID,
 		Fingerprint: c.Fingerprint,
 		IsoLevel:    c.IsoLevel,
 		MaxAttempts: c.MaxAttempts,
 		Describe:    r.describe,
-	}
-	// One message at a time and in batches, through the core's consumers:
-	// the same transaction driver, guard and attempt counting.
-	if h != nil {
-		r.consumer, err = dedupe.NewConsumer(inbox, cc, h)
-		if err == nil {
-			r.batch, err = dedupe.NewBatchConsumer(inbox, cc, h)
-		}
-	} else {
-		r.consumer, err = dedupe.NewConsumer(inbox, cc, func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
-			return bh(ctx, tx, []kafka.Message{m})
-		})
-		if err == nil {
-			r.batch, err = dedupe.NewBatchConsumerFunc(inbox, cc, dedupe.BatchHandlerFunc[kafka.Message](bh))
-		}
-	}
+	})
 	if err != nil {
 		return nil, err
 	}
+	r.consumer, r.batch = cs.one, cs.batch
 	return r, nil
 }
 

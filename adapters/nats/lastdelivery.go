@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"runtime/debug"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/exactlyonce/dedupe"
@@ -22,11 +21,11 @@ type lastDeliveryKey struct{}
 // JetStream will not deliver the message again. Attempts spent on shutdowns
 // or concurrent copies are not counted by the inbox, so the inbox's attempt
 // limit alone may not have been reached yet.
-func lastDeliveryHandler(h dedupe.HandlerFunc[jetstream.Msg], maxDeliver int) dedupe.HandlerFunc[jetstream.Msg] {
+func lastDeliveryHandler[TTx any](h dedupe.TxHandlerFunc[TTx, jetstream.Msg], maxDeliver int) dedupe.TxHandlerFunc[TTx, jetstream.Msg] {
 	if maxDeliver <= 0 {
 		return h
 	}
-	return func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) (err error) {
+	return func(ctx context.Context, tx TTx, msg jetstream.Msg) (err error) {
 		if ctx.Value(lastDeliveryKey{}) == nil {
 			return h(ctx, tx, msg)
 		}

@@ -13,9 +13,10 @@ import (
 // returns a Runner for it: New for callers who describe the consumer rather
 // than hold one. cc.Durable is required (an ephemeral consumer forgets its
 // deliveries when it goes, which defeats redelivery) and cc.AckPolicy must
-// be left explicit (its zero value).
-func Open(ctx context.Context, inbox *dedupe.Inbox, js jetstream.JetStream, stream string,
-	cc jetstream.ConsumerConfig, cfg Config, h dedupe.HandlerFunc[jetstream.Msg]) (*Runner, error) {
+// be left explicit (its zero value). h receives the inbox driver's
+// transaction, as for New: pgx.Tx, or *sql.Tx for an inbox over dedupe.SQL.
+func Open[TTx any](ctx context.Context, inbox *dedupe.Inbox, js jetstream.JetStream, stream string,
+	cc jetstream.ConsumerConfig, cfg Config, h dedupe.TxHandlerFunc[TTx, jetstream.Msg]) (*Runner, error) {
 	switch {
 	case js == nil:
 		return nil, &dedupe.ConfigError{Field: "js", Reason: "must not be nil"}

@@ -30,7 +30,11 @@ type Runner struct {
 // their keys in inbox; the zero Config is the defaults. The handler writes
 // its effects through the transaction it is given; they commit together with
 // the claim, and only then is the message acknowledged.
-func New(inbox *dedupe.Inbox, cons jetstream.Consumer, cfg Config, h dedupe.HandlerFunc[jetstream.Msg]) (*Runner, error) {
+//
+// h receives the transaction of the inbox's driver: a pgx.Tx for an inbox
+// over a pgx pool, a *sql.Tx for an inbox over dedupe.SQL. A handler of the
+// other type is refused with a *dedupe.ConfigError.
+func New[TTx any](inbox *dedupe.Inbox, cons jetstream.Consumer, cfg Config, h dedupe.TxHandlerFunc[TTx, jetstream.Msg]) (*Runner, error) {
 	switch {
 	case inbox == nil:
 		return nil, &dedupe.ConfigError{Field: "inbox", Reason: "must not be nil"}

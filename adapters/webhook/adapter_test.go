@@ -3,6 +3,8 @@ package webhook_test
 import (
 	"bytes"
 	"context"
+	"database/sql"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -122,41 +124,83 @@ func TestAdapterSuite(t *testing.T) {
 					defer s.mu.Unlock()
 					return s.pending, nil
 				},
-				Start: func(ctx context.Context, inbox *dedupe.Inbox, cfg adaptertest.RunConfig, effect adaptertest.Effect) func() error {
-					h, err := webhook.NewStandard(inbox, webhook.StandardConfig{Secrets: []string{standardSecret},
-						Config: webhook.Config{MaxAttempts: cfg.MaxAttempts, OnError: func(*http.Request, int, error) {}}},
-						func(ctx context.Context, tx pgx.Tx, ev webhook.Event) error { return effect(ctx, tx, ev.ID, ev.Body) })
-					if err != nil {
-						t.Fatal(err)
-					}
-					srv := httptest.NewServer(h)
-					var wg sync.WaitGroup
-					for range max(cfg.Workers, 1) {
-						wg.Go(func() {
-							for {
-								d, ok := s.next()
-								if !ok {
-									return
-								}
-								s.deliver(ctx, srv.URL, d)
-							}
-						})
-					}
-					stopped := make(chan struct{})
-					go func() {
-						<-ctx.Done()
-						s.close()
-						close(stopped)
-					}()
-					return func() error {
-						<-stopped
-						wg.Wait()
-						srv.Close()
-						http.DefaultClient.CloseIdleConnections()
-						return nil
-					}
-				},
+				Start:    start[pgx.Tx](t, s),
+				StartSQL: start[*sql.Tx](t, s),
 			}
 		},
 	})
+}
+
+// start serves a Standard Webhooks handler whose handler, of the inbox
+// driver's transaction type TTx, runs the suite's effect, and has cfg.Workers
+// senders deliver s's events to it.
+func start[TTx any](t *testing.T, s *sender) func(ctx context.Context, inbox *dedupe.Inbox, cfg adaptertest.RunConfig, effect adaptertest.TxEffect[TTx]) func() error {
+	return func(ctx context.Context, inbox *dedupe.Inbox, cfg adaptertest.RunConfig, effect adaptertest.TxEffect[TTx]) func() error {
+		h, err := webhook.NewStandard(inbox, webhook.StandardConfig{Secrets: []string{standardSecret},
+			Config: webhook.Config{MaxAttempts: cfg.MaxAttempts, OnError: func(*http.Request, int, error) {}}},
+			func(ctx context.Context, tx TTx, ev webhook.Event) error { return effect(ctx, tx, ev.ID, ev.Body) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(h)
+		var wg sync.WaitGroup
+		for range max(cfg.Workers, 1) {
+			wg.Go(func() {
+				for {
+					d, ok := s.next()
+					if !ok {
+						return
+					}
+					s.deliver(ctx, srv.URL, d)
+				}
+			})
+		}
+		stopped := make(chan struct{})
+		go func() {
+			<-ctx.Done()
+			s.close()
+			close(stopped)
+		}()
+		return func() error {
+			<-stopped
+			wg.Wait()
+			srv.Close()
+			http.DefaultClient.CloseIdleConnections()
+			return nil
+		}
+	}
+}
+
+// TestHandlerTxTypeMustMatchDriver: a handler receives the inbox driver's
+// transaction, so a pgx.Tx handler on an inbox over dedupe.SQL (or a
+// *sql.Tx handler on one over pgx) is refused at construction.
+func TestHandlerTxTypeMustMatchDriver(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t, dbtest.Options{MaxConns: 2})
+	sqlDB, err := sql.Open("pgx", db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sqlDB.Close()
+	overSQL, err := dedupe.New(dedupe.SQL(sqlDB), dedupe.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	overPgx, err := dedupe.New(db.Pool, dedupe.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := webhook.StandardConfig{Secrets: []string{standardSecret}}
+	var ce *dedupe.ConfigError
+	_, err = webhook.NewStandard(overSQL, cfg, func(context.Context, pgx.Tx, webhook.Event) error { return nil })
+	if !errors.As(err, &ce) || ce.Field != "handler" {
+		t.Errorf("pgx.Tx handler over dedupe.SQL: err = %v, want a *dedupe.ConfigError for handler", err)
+	}
+	_, err = webhook.NewStandard(overPgx, cfg, func(context.Context, *sql.Tx, webhook.Event) error { return nil })
+	if !errors.As(err, &ce) || ce.Field != "handler" {
+		t.Errorf("*sql.Tx handler over pgx: err = %v, want a *dedupe.ConfigError for handler", err)
+	}
+	if _, err := webhook.NewStandard(overSQL, cfg, func(context.Context, *sql.Tx, webhook.Event) error { return nil }); err != nil {
+		t.Errorf("*sql.Tx handler over dedupe.SQL: %v", err)
+	}
 }

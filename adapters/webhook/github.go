@@ -55,7 +55,10 @@ type GitHubConfig struct {
 // The attempts and the failed state are counted on the same key, so a
 // replay under a new delivery id cannot retry a failed event either; to let
 // it run again, release GitHubKey(body) (the handler's error names the key).
-func NewGitHub(inbox *dedupe.Inbox, cfg GitHubConfig, h dedupe.HandlerFunc[Event]) (*Handler, error) {
+//
+// h receives the inbox driver's transaction: pgx.Tx, or *sql.Tx for an
+// inbox over dedupe.SQL.
+func NewGitHub[TTx any](inbox *dedupe.Inbox, cfg GitHubConfig, h dedupe.TxHandlerFunc[TTx, Event]) (*Handler, error) {
 	return New(inbox, &GitHubVerifier{Secrets: cfg.Secrets}, cfg.Config, h)
 }
 

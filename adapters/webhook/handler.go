@@ -142,7 +142,11 @@ type validator interface{ validate() error }
 // payload of a re-send (Stripe's pending_webhooks counter, for one), so the
 // same event id with another body is the same event, not a client bug.
 // (GitHub's key is the body's hash, so there the question does not arise.)
-func New(inbox *dedupe.Inbox, v Verifier, cfg Config, h dedupe.HandlerFunc[Event]) (*Handler, error) {
+//
+// h receives the transaction of the inbox's driver: a pgx.Tx for an inbox
+// over a pgx pool, a *sql.Tx for an inbox over dedupe.SQL. A handler of the
+// other type is refused with a *dedupe.ConfigError.
+func New[TTx any](inbox *dedupe.Inbox, v Verifier, cfg Config, h dedupe.TxHandlerFunc[TTx, Event]) (*Handler, error) {
 	if v == nil {
 		return nil, &dedupe.ConfigError{Field: "verifier", Reason: "must not be nil"}
 	}

@@ -697,7 +697,7 @@ func TestConstructorsValidateConfig(t *testing.T) {
 			return err
 		},
 		"nil handler": func() error {
-			_, err := webhook.NewGitHub(b.inbox, webhook.GitHubConfig{Secrets: []string{"s"}}, nil)
+			_, err := webhook.NewGitHub(b.inbox, webhook.GitHubConfig{Secrets: []string{"s"}}, dedupe.HandlerFunc[webhook.Event](nil))
 			return err
 		},
 		"nil inbox": func() error {

@@ -31,8 +31,9 @@ type HMACConfig struct {
 
 // NewHMAC returns a Handler for a sender that signs with a plain HMAC in a
 // header of its choosing; see HMACVerifier for what is configurable and New
-// for the responses.
-func NewHMAC(inbox *dedupe.Inbox, cfg HMACConfig, h dedupe.HandlerFunc[Event]) (*Handler, error) {
+// for the responses. h receives the inbox driver's transaction: pgx.Tx, or
+// *sql.Tx for an inbox over dedupe.SQL.
+func NewHMAC[TTx any](inbox *dedupe.Inbox, cfg HMACConfig, h dedupe.TxHandlerFunc[TTx, Event]) (*Handler, error) {
 	v := cfg.HMACVerifier
 	return New(inbox, &v, cfg.Config, h)
 }

@@ -36,8 +36,9 @@ type StandardConfig struct {
 // others): it verifies webhook-signature ("v1,<base64>", space-separated)
 // over "<webhook-id>.<webhook-timestamp>.<body>", then claims webhook-id and
 // runs h with the body's JSON "type" if it has one. See New for the
-// responses.
-func NewStandard(inbox *dedupe.Inbox, cfg StandardConfig, h dedupe.HandlerFunc[Event]) (*Handler, error) {
+// responses. h receives the inbox driver's transaction: pgx.Tx, or *sql.Tx
+// for an inbox over dedupe.SQL.
+func NewStandard[TTx any](inbox *dedupe.Inbox, cfg StandardConfig, h dedupe.TxHandlerFunc[TTx, Event]) (*Handler, error) {
 	return New(inbox, &StandardVerifier{Secrets: cfg.Secrets, Tolerance: cfg.Tolerance}, cfg.Config, h)
 }
 

@@ -28,8 +28,10 @@ type StripeConfig struct {
 
 // NewStripe returns a Handler for Stripe's webhooks: it verifies
 // Stripe-Signature (t=…,v1=…) over the raw body, then claims the event's
-// JSON "id" and runs h with its "type". See New for the responses.
-func NewStripe(inbox *dedupe.Inbox, cfg StripeConfig, h dedupe.HandlerFunc[Event]) (*Handler, error) {
+// JSON "id" and runs h with its "type". See New for the responses. h
+// receives the inbox driver's transaction: pgx.Tx, or *sql.Tx for an inbox
+// over dedupe.SQL.
+func NewStripe[TTx any](inbox *dedupe.Inbox, cfg StripeConfig, h dedupe.TxHandlerFunc[TTx, Event]) (*Handler, error) {
 	return New(inbox, &StripeVerifier{Secrets: cfg.Secrets, Tolerance: cfg.Tolerance}, cfg.Config, h)
 }
 

@@ -6,6 +6,7 @@ package adaptertest
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
@@ -30,10 +32,17 @@ type Features struct {
 	OrderedPerKey bool
 }
 
-// Effect is the business work of the suite's handler: the adapter's handler
-// calls it with the message's dedup id and body inside the claim's
-// transaction.
-type Effect func(ctx context.Context, tx pgx.Tx, id string, body []byte) error
+// TxEffect is the business work of the suite's handler: the adapter's
+// handler calls it with the message's dedup id and body inside the claim's
+// transaction, of the inbox driver's type TTx.
+type TxEffect[TTx any] func(ctx context.Context, tx TTx, id string, body []byte) error
+
+// Effect is the suite's handler over an inbox over a pgx pool.
+type Effect = TxEffect[pgx.Tx]
+
+// SQLEffect is the suite's handler over an inbox over database/sql
+// (dedupe.SQL): it receives a *sql.Tx.
+type SQLEffect = TxEffect[*sql.Tx]
 
 // RunConfig is how the suite wants a consumer started.
 type RunConfig struct {
@@ -56,6 +65,10 @@ type Instance struct {
 	// cancelled; the returned wait blocks until it stopped and returns its
 	// error (nil after a clean cancel).
 	Start func(ctx context.Context, inbox *dedupe.Inbox, cfg RunConfig, effect Effect) (wait func() error)
+	// StartSQL is Start for an inbox over database/sql (dedupe.SQL over
+	// pgx's stdlib), whose handlers receive a *sql.Tx. Required: every
+	// transport must serve both drivers.
+	StartSQL func(ctx context.Context, inbox *dedupe.Inbox, cfg RunConfig, effect SQLEffect) (wait func() error)
 	// Unacked reports how many delivered messages are neither acknowledged
 	// nor committed, or -1 if the transport cannot tell.
 	Unacked func(ctx context.Context) (int, error)
@@ -80,6 +93,11 @@ func Run(t *testing.T, tr Transport) {
 	if tr.Features.OrderedPerKey {
 		t.Run("OrderedPerKey", func(t *testing.T) { t.Parallel(); testOrderedPerKey(t, tr) })
 	}
+	t.Run("DatabaseSQL", func(t *testing.T) {
+		t.Parallel()
+		t.Run("DuplicatesOneEffect", func(t *testing.T) { t.Parallel(); testSQLDuplicates(t, tr) })
+		t.Run("FailingHandlerRolledBack", func(t *testing.T) { t.Parallel(); testSQLRollback(t, tr) })
+	})
 }
 
 type env struct {
@@ -102,8 +120,34 @@ func newEnv(t *testing.T, tr Transport, cfg dedupe.Config) *env {
 	return &env{db: db, inbox: inbox, inst: tr.New(t, db)}
 }
 
+// newSQLEnv is newEnv with the inbox over database/sql: dedupe.SQL over
+// pgx's stdlib, on the test's schema. (The test's pgx pool only counts.)
+func newSQLEnv(t *testing.T, tr Transport, cfg dedupe.Config) *env {
+	t.Helper()
+	e := newEnv(t, tr, cfg)
+	if e.inst.StartSQL == nil {
+		t.Fatalf("transport %s has no StartSQL: every transport must serve an inbox over database/sql", tr.Name)
+	}
+	sqlDB, err := sql.Open("pgx", e.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB.SetMaxOpenConns(8)
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	if e.inbox, err = dedupe.New(dedupe.SQL(sqlDB), cfg); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
 func insertEffect(ctx context.Context, tx pgx.Tx, id string, body []byte) error {
 	_, err := tx.Exec(ctx, "INSERT INTO effects (msg_id, body) VALUES ($1, $2)", id, body)
+	return err
+}
+
+// insertEffectSQL is insertEffect through a *sql.Tx.
+func insertEffectSQL(ctx context.Context, tx *sql.Tx, id string, body []byte) error {
+	_, err := tx.ExecContext(ctx, "INSERT INTO effects (msg_id, body) VALUES ($1, $2)", id, body)
 	return err
 }
 
@@ -116,7 +160,19 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 func (e *env) start(t *testing.T, cfg RunConfig, effect Effect) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	wait := e.inst.Start(ctx, e.inbox, cfg, effect)
+	return e.stopper(t, cancel, e.inst.Start(ctx, e.inbox, cfg, effect))
+}
+
+// startSQL is start with a *sql.Tx handler, for an inbox over dedupe.SQL.
+func (e *env) startSQL(t *testing.T, cfg RunConfig, effect SQLEffect) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	return e.stopper(t, cancel, e.inst.StartSQL(ctx, e.inbox, cfg, effect))
+}
+
+// stopper returns the stop of a started consumer, also run at cleanup.
+func (e *env) stopper(t *testing.T, cancel context.CancelFunc, wait func() error) (stop func()) {
+	t.Helper()
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
@@ -292,5 +348,81 @@ func testOrderedPerKey(t *testing.T, tr Transport) {
 				t.Fatalf("%s: effect %d is %s, want %s (out of order)", ok, n, id, want)
 			}
 		}
+	}
+}
+
+// testSQLDuplicates: with the inbox over database/sql and a *sql.Tx
+// handler, copies of one message delivered together (published before the
+// consumer starts, so that its workers take them at once) produce exactly
+// one effect, written through the *sql.Tx. Each handler holds its claim a
+// moment, so that the copies handled concurrently wait on it.
+func testSQLDuplicates(t *testing.T, tr Transport) {
+	e := newSQLEnv(t, tr, dedupe.Config{})
+	for range 5 {
+		e.publish(t, "dup-1", []byte("pay 19.00"))
+	}
+	e.publish(t, "other", []byte("pay 1.00"))
+	e.startSQL(t, RunConfig{Workers: 4}, func(ctx context.Context, tx *sql.Tx, id string, body []byte) error {
+		if _, err := tx.ExecContext(ctx, "SELECT pg_sleep(0.05)"); err != nil {
+			return err
+		}
+		return insertEffectSQL(ctx, tx, id, body)
+	})
+	waitFor(t, 20*time.Second, "two effects", func() bool {
+		return e.db.Count(t, "SELECT count(*) FROM effects") >= 2
+	})
+	e.assertDrained(t)
+	if n := e.db.Count(t, "SELECT count(*) FROM effects WHERE msg_id = 'dup-1'"); n != 1 {
+		t.Fatalf("effects of dup-1 = %d, want 1", n)
+	}
+	if n := e.db.Count(t, "SELECT count(*) FROM effects"); n != 2 {
+		t.Fatalf("effects = %d, want 2", n)
+	}
+	if n := e.db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE key IN ('dup-1', 'other') AND state = 'complete'"); n != 2 {
+		t.Fatalf("complete keys = %d, want 2", n)
+	}
+}
+
+// testSQLRollback: with the inbox over database/sql, the effect a failing
+// *sql.Tx handler wrote rolls back with its claim: a message that fails
+// twice and then succeeds leaves one effect after three attempts, and one
+// whose handler fails for good (dedupe.Permanent) leaves none, its key
+// failed.
+func testSQLRollback(t *testing.T, tr Transport) {
+	e := newSQLEnv(t, tr, dedupe.Config{})
+	var mu sync.Mutex
+	calls := 0
+	e.startSQL(t, RunConfig{Workers: 2}, func(ctx context.Context, tx *sql.Tx, id string, body []byte) error {
+		if err := insertEffectSQL(ctx, tx, id, body); err != nil {
+			return err
+		}
+		if id == "doomed" {
+			return dedupe.Permanent(fmt.Errorf("cannot decode %q", body))
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if calls <= 2 {
+			return fmt.Errorf("transient failure %d", calls)
+		}
+		return nil
+	})
+	e.publish(t, "flaky", []byte("x"))
+	if tr.Features.Poison {
+		e.publish(t, "doomed", []byte("\x00garbage"))
+	}
+	waitFor(t, 30*time.Second, "the third attempt to commit (and the doomed key failed)", func() bool {
+		return e.db.Count(t, "SELECT count(*) FROM effects") >= 1 &&
+			(!tr.Features.Poison || e.db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE key = 'doomed' AND state = 'failed'") == 1)
+	})
+	e.assertDrained(t)
+	if n := e.db.Count(t, "SELECT count(*) FROM effects WHERE msg_id = 'flaky'"); n != 1 {
+		t.Fatalf("effects of flaky = %d, want 1", n)
+	}
+	if n := e.db.Count(t, "SELECT count(*) FROM effects"); n != 1 {
+		t.Fatalf("effects = %d, want 1 (the doomed handler's must roll back)", n)
+	}
+	if n := e.db.Count(t, "SELECT attempts FROM dedupe_inbox WHERE key = 'flaky' AND state = 'complete'"); n != 3 {
+		t.Fatalf("attempts of the complete key flaky = %d, want 3", n)
 	}
 }

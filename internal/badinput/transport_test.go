@@ -111,8 +111,11 @@ func TestKafkaAdapterRefusals(t *testing.T) {
 		t.Errorf("New without GroupID = %v, want ErrNoGroup", err)
 	}
 	cases := map[string]func() error{
-		"nil inbox":   func() error { _, err := dedupekafka.New(nil, reader("g"), dedupekafka.Config{}, h); return err },
-		"nil handler": func() error { _, err := dedupekafka.New(e.inbox, reader("g"), dedupekafka.Config{}, nil); return err },
+		"nil inbox": func() error { _, err := dedupekafka.New(nil, reader("g"), dedupekafka.Config{}, h); return err },
+		"nil handler": func() error {
+			_, err := dedupekafka.New(e.inbox, reader("g"), dedupekafka.Config{}, dedupekafka.HandlerFunc(nil))
+			return err
+		},
 		"BatchSize -1": func() error {
 			_, err := dedupekafka.New(e.inbox, reader("g"), dedupekafka.Config{BatchSize: -1}, h)
 			return err
@@ -185,9 +188,12 @@ func TestNATSAdapterRefusals(t *testing.T) {
 	}
 	h := func(ctx context.Context, tx pgx.Tx, m jetstream.Msg) error { return nil }
 	cases := map[string]func() error{
-		"nil inbox":        func() error { _, err := dedupenats.New(nil, good, dedupenats.Config{}, h); return err },
-		"nil consumer":     func() error { _, err := dedupenats.New(e.inbox, nil, dedupenats.Config{}, h); return err },
-		"nil handler":      func() error { _, err := dedupenats.New(e.inbox, good, dedupenats.Config{}, nil); return err },
+		"nil inbox":    func() error { _, err := dedupenats.New(nil, good, dedupenats.Config{}, h); return err },
+		"nil consumer": func() error { _, err := dedupenats.New(e.inbox, nil, dedupenats.Config{}, h); return err },
+		"nil handler": func() error {
+			_, err := dedupenats.New(e.inbox, good, dedupenats.Config{}, dedupe.HandlerFunc[jetstream.Msg](nil))
+			return err
+		},
 		"AckNone consumer": func() error { _, err := dedupenats.New(e.inbox, ackNone, dedupenats.Config{}, h); return err },
 		"Open without Durable": func() error {
 			_, err := dedupenats.Open(ctx, e.inbox, js, "BAD", jetstream.ConsumerConfig{AckPolicy: jetstream.AckExplicitPolicy}, dedupenats.Config{}, h)

@@ -374,7 +374,7 @@ func TestWebhookConfigRefusals(t *testing.T) {
 			return err
 		},
 		"nil handler": func() error {
-			_, err := webhook.NewGitHub(e.inbox, webhook.GitHubConfig{Secrets: []string{"s"}}, nil)
+			_, err := webhook.NewGitHub(e.inbox, webhook.GitHubConfig{Secrets: []string{"s"}}, dedupe.HandlerFunc[webhook.Event](nil))
 			return err
 		},
 	}

@@ -381,7 +381,7 @@ func TestNewValidates(t *testing.T) {
 			t.Errorf("reader config %s: err = %v, want ErrInvalidConfig", name, err)
 		}
 	}
-	if _, err := dedupekafka.New(b.inbox, r, dedupekafka.Config{}, nil); !errors.Is(err, dedupe.ErrInvalidConfig) {
+	if _, err := dedupekafka.New(b.inbox, r, dedupekafka.Config{}, dedupekafka.HandlerFunc(nil)); !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Errorf("nil handler: err = %v", err)
 	}
 	run, err := dedupekafka.New(b.inbox, r, dedupekafka.Config{}, insertEffect)

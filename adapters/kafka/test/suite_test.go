@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"database/sql"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -37,38 +38,46 @@ func transport(name string, batch int, batchHandler bool) adaptertest.Transport 
 				PublishOrdered: func(ctx context.Context, orderKey, id string, body []byte) error {
 					return w.WriteMessages(ctx, msg(id, orderKey, body))
 				},
-				Start: func(ctx context.Context, inbox *dedupe.Inbox, run adaptertest.RunConfig, effect adaptertest.Effect) func() error {
-					rc := readerConfig(brokers, group, topic)
-					cfg := dedupekafka.Config{BatchSize: batch, MaxAttempts: run.MaxAttempts, RetryBackoff: 20 * time.Millisecond}
-					h := func(ctx context.Context, tx pgx.Tx, m kafka.Message) error {
-						return effect(ctx, tx, dedupekafka.KeyFromHeaders(m, dedupekafka.DefaultKeyHeaders...), m.Value)
-					}
-					var r *dedupekafka.Runner
-					var err error
-					if batchHandler {
-						r, err = dedupekafka.NewBatch(inbox, rc, cfg, func(ctx context.Context, tx pgx.Tx, ms []kafka.Message) error {
-							for _, m := range ms {
-								if err := h(ctx, tx, m); err != nil {
-									return err
-								}
-							}
-							return nil
-						})
-					} else {
-						r, err = dedupekafka.New(inbox, rc, cfg, h)
-					}
-					if err != nil {
-						return func() error { return err }
-					}
-					done := make(chan error, 1)
-					go func() { done <- r.Run(ctx) }()
-					return func() error { return <-done }
-				},
+				Start:    start[pgx.Tx](brokers, group, topic, batch, batchHandler),
+				StartSQL: start[*sql.Tx](brokers, group, topic, batch, batchHandler),
 				Unacked: func(ctx context.Context) (int, error) {
 					return groupLag(ctx, brokers, group, topic)
 				},
 			}
 		},
+	}
+}
+
+// start runs a Runner on the group whose handler, of the inbox driver's
+// transaction type TTx, runs the suite's effect: per message (New), or over
+// the batch (NewBatch) with batchHandler.
+func start[TTx any](brokers []string, group, topic string, batch int, batchHandler bool) func(ctx context.Context, inbox *dedupe.Inbox, run adaptertest.RunConfig, effect adaptertest.TxEffect[TTx]) func() error {
+	return func(ctx context.Context, inbox *dedupe.Inbox, run adaptertest.RunConfig, effect adaptertest.TxEffect[TTx]) func() error {
+		rc := readerConfig(brokers, group, topic)
+		cfg := dedupekafka.Config{BatchSize: batch, MaxAttempts: run.MaxAttempts, RetryBackoff: 20 * time.Millisecond}
+		h := func(ctx context.Context, tx TTx, m kafka.Message) error {
+			return effect(ctx, tx, dedupekafka.KeyFromHeaders(m, dedupekafka.DefaultKeyHeaders...), m.Value)
+		}
+		var r *dedupekafka.Runner
+		var err error
+		if batchHandler {
+			r, err = dedupekafka.NewBatch(inbox, rc, cfg, func(ctx context.Context, tx TTx, ms []kafka.Message) error {
+				for _, m := range ms {
+					if err := h(ctx, tx, m); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		} else {
+			r, err = dedupekafka.New(inbox, rc, cfg, h)
+		}
+		if err != nil {
+			return func() error { return err }
+		}
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		return func() error { return <-done }
 	}
 }
 

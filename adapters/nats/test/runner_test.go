@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
@@ -623,4 +625,51 @@ func (m *beforeAckMsg) DoubleAck(ctx context.Context) error {
 func (m *beforeAckMsg) Ack() error {
 	m.hook()
 	return m.Msg.Ack()
+}
+
+// TestMaxDeliverPoisonRecordedOnLastDeliveryDatabaseSQL is
+// TestMaxDeliverPoisonRecordedOnLastDelivery with the inbox over
+// database/sql (dedupe.SQL over pgx's stdlib), through Open, with a *sql.Tx
+// handler that writes its effect and fails: the last-delivery wrapper serves
+// it too, the key is recorded as failed at the last delivery, and none of
+// the effects written through the *sql.Tx committed.
+func TestMaxDeliverPoisonRecordedOnLastDeliveryDatabaseSQL(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	sqlDB, err := sql.Open("pgx", b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	c := observetest.New()
+	inbox, err := dedupe.New(dedupe.SQL(sqlDB), dedupe.Config{Observer: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	r, err := dedupenats.Open(context.Background(), inbox, b.js, streamName,
+		jetstream.ConsumerConfig{Durable: "capped", FilterSubject: "orders.created", MaxDeliver: 3, AckWait: 2 * time.Second},
+		*fastConfig(), func(ctx context.Context, tx *sql.Tx, msg jetstream.Msg) error {
+			runs.Add(1)
+			if _, err := tx.ExecContext(ctx, "INSERT INTO effects (msg_id, body) VALUES ($1, $2)",
+				dedupe.ClaimFromContext(ctx).Key.ID, msg.Data()); err != nil {
+				return err
+			}
+			return errors.New("always fails")
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dbtest.Background(t, "runner", r.Run)
+	b.publish(t, "doomed", "x")
+	c.Wait(t, 10*time.Second, "the message terminated", func() bool { return c.Events(dedupe.EventTerminated) == 1 })
+	if n := b.db.Count(t, "SELECT count(*) FROM dedupe_inbox WHERE key = 'doomed' AND state = 'failed' AND attempts = 3"); n != 1 {
+		t.Fatalf("the poison key was not recorded as failed after MaxDeliver attempts (inbox: %v)", inboxRows(t, b))
+	}
+	if n := b.effects(t); n != 0 || runs.Load() != 3 {
+		t.Fatalf("effects = %d, runs = %d; want 0 effects (rolled back) of 3 runs", n, runs.Load())
+	}
+	if c.Events(dedupe.EventRetried) != 2 || c.Handled(dedupe.OutcomeRetry) != 2 || c.Handled(dedupe.OutcomePoisoned) != 1 {
+		t.Fatalf("observed %s; want 2 retried, then poisoned", c)
+	}
 }

@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"database/sql"
 	"testing"
 	"time"
 
@@ -29,23 +30,8 @@ func TestSuite(t *testing.T) {
 					b.publish(t, id, string(body))
 					return nil
 				},
-				Start: func(ctx context.Context, inbox *dedupe.Inbox, rc adaptertest.RunConfig, effect adaptertest.Effect) func() error {
-					r, err := dedupenats.New(inbox, b.cons, dedupenats.Config{
-						Key:         dedupenats.HeaderKey(orderIDHdr),
-						Workers:     rc.Workers,
-						MaxAttempts: rc.MaxAttempts,
-						Backoff:     func(int) time.Duration { return 20 * time.Millisecond },
-						PullExpiry:  500 * time.Millisecond,
-					}, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
-						return effect(ctx, tx, dedupe.ClaimFromContext(ctx).Key.ID, msg.Data())
-					})
-					if err != nil {
-						t.Fatalf("new runner: %v", err)
-					}
-					done := make(chan error, 1)
-					go func() { done <- r.Run(ctx) }()
-					return func() error { return <-done }
-				},
+				Start:    start[pgx.Tx](t, b),
+				StartSQL: start[*sql.Tx](t, b),
 				Unacked: func(ctx context.Context) (int, error) {
 					ci, err := b.cons.Info(ctx)
 					if err != nil {
@@ -56,4 +42,26 @@ func TestSuite(t *testing.T) {
 			}
 		},
 	})
+}
+
+// start runs a Runner on b's consumer whose handler, of the inbox driver's
+// transaction type TTx, runs the suite's effect.
+func start[TTx any](t *testing.T, b *bundle) func(ctx context.Context, inbox *dedupe.Inbox, rc adaptertest.RunConfig, effect adaptertest.TxEffect[TTx]) func() error {
+	return func(ctx context.Context, inbox *dedupe.Inbox, rc adaptertest.RunConfig, effect adaptertest.TxEffect[TTx]) func() error {
+		r, err := dedupenats.New(inbox, b.cons, dedupenats.Config{
+			Key:         dedupenats.HeaderKey(orderIDHdr),
+			Workers:     rc.Workers,
+			MaxAttempts: rc.MaxAttempts,
+			Backoff:     func(int) time.Duration { return 20 * time.Millisecond },
+			PullExpiry:  500 * time.Millisecond,
+		}, func(ctx context.Context, tx TTx, msg jetstream.Msg) error {
+			return effect(ctx, tx, dedupe.ClaimFromContext(ctx).Key.ID, msg.Data())
+		})
+		if err != nil {
+			t.Fatalf("new runner: %v", err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		return func() error { return <-done }
+	}
 }
