@@ -24,7 +24,7 @@ import (
 // claims commit or roll back with tx. If one message of the batch fails, roll
 // back and fall back to one transaction per message (or savepoints), so that
 // the failure neither loses nor duplicates the others.
-func (i *Inbox) ClaimBatch(ctx context.Context, tx pgx.Tx, keys []Key) ([]*Claim, error) {
+func (i *Inbox) ClaimBatch(ctx context.Context, tx Querier, keys []Key) ([]*Claim, error) {
 	for _, k := range keys {
 		if err := k.Validate(); err != nil {
 			return nil, err
@@ -43,9 +43,10 @@ func (i *Inbox) ClaimBatch(ctx context.Context, tx pgx.Tx, keys []Key) ([]*Claim
 // unnest costs: keys of one scope (the common case) travel as that scope
 // and one array of keys (sqlClaimBatchScope), keys of several scopes as
 // two arrays (sqlClaimBatch); the rows come back as raw key bytes matched
-// to the sorted keys by binary search, so nothing is allocated per row; and
-// the claims share one allocation.
-func (i *Inbox) claimBatch(ctx context.Context, tx pgx.Tx, keys []Key, maxAttempts int) ([]*Claim, error) {
+// to the sorted keys by binary search, so nothing is allocated per row
+// (database/sql, which gives no raw values, scans them as strings); and the
+// claims share one allocation.
+func (i *Inbox) claimBatch(ctx context.Context, tx Querier, keys []Key, maxAttempts int) ([]*Claim, error) {
 	out := make([]*Claim, len(keys))
 	if len(keys) == 0 {
 		return out, nil
@@ -58,7 +59,7 @@ func (i *Inbox) claimBatch(ctx context.Context, tx pgx.Tx, keys []Key, maxAttemp
 	for j := range tokens {
 		tokens[j] = newToken()
 	}
-	var fps [][]byte // NULL when no key has a fingerprint
+	var fps [][]byte // none when no key has a fingerprint: unnest pads the column with NULLs
 	for j := range m {
 		if fp := keys[b.first(j)].Fingerprint; fp != nil {
 			if fps == nil {
@@ -89,21 +90,34 @@ func (i *Inbox) claimBatch(ctx context.Context, tx pgx.Tx, keys []Key, maxAttemp
 	state := make([]uint8, m)
 	attempts := make([]int, m)
 	var (
-		attempt int
-		failed  bool
+		attempt    int
+		failed     bool
+		key, scope string
 	)
-	dest := []any{nil, &attempt, &failed, nil} // the key (and scope) are read raw
+	ncol := 3 // key, attempts, failed
+	if b.scopes != nil {
+		ncol = 4 // and scope
+	}
+	rawDest := []any{nil, &attempt, &failed, nil}[:ncol] // key and scope read raw
+	strDest := []any{&key, &attempt, &failed, &scope}[:ncol]
 	for rows.Next() {
-		if err := rows.Scan(dest[:len(rows.FieldDescriptions())]...); err != nil {
+		if raw := rows.RawValues(); raw != nil {
+			if err := rows.Scan(rawDest...); err != nil {
+				rows.Close()
+				return nil, translate(err)
+			}
+			key = unsafeString(raw[0])
+			if b.scopes != nil {
+				scope = unsafeString(raw[3])
+			}
+		} else if err := rows.Scan(strDest...); err != nil {
 			rows.Close()
 			return nil, translate(err)
 		}
-		raw := rows.RawValues()
-		scope := b.scope
-		if b.scopes != nil {
-			scope = unsafeString(raw[3])
+		if b.scopes == nil {
+			scope = b.scope
 		}
-		j, ok := b.find(scope, unsafeString(raw[0]))
+		j, ok := b.find(scope, key)
 		if !ok || state[j] != missed {
 			rows.Close()
 			return nil, errors.New("dedupe: the batch claim returned a key it was not given")

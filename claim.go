@@ -22,7 +22,7 @@ import (
 //
 // If tx's COMMIT fails without a reply, use Resolve to learn whether the
 // claim (and so the caller's effects) committed.
-func (i *Inbox) Claim(ctx context.Context, tx pgx.Tx, key Key) (*Claim, error) {
+func (i *Inbox) Claim(ctx context.Context, tx Querier, key Key) (*Claim, error) {
 	if err := key.Validate(); err != nil {
 		return nil, err
 	}
@@ -33,7 +33,7 @@ func (i *Inbox) Claim(ctx context.Context, tx pgx.Tx, key Key) (*Claim, error) {
 	b := &pgx.Batch{}
 	round := i.queueClaim(b, req, false)
 	sent := time.Now()
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+	if err := sendBatch(ctx, tx, b); err != nil {
 		return nil, translate(err)
 	}
 	c, _, err := i.settle(ctx, tx, req, round, sent)
