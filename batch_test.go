@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/exactlyonce/dedupe"
 )
@@ -78,12 +79,13 @@ func prepareLive(t *testing.T, b *bundle, scope string) {
 // statement with the scope as a scalar, with and without keys to sort and
 // repeats to fold) gives every key the outcome, attempt, result and stored
 // row that a batch of several scopes (the statement over a scope array)
-// gives it, over every kind of stored key.
+// gives it, over every kind of stored key; and so does a batch claimed
+// through database/sql.
 func TestClaimBatchOneScopeSameOutcomesAsSeveral(t *testing.T) {
 	t.Parallel()
 	b := setup(t, dedupe.Config{MaxAttempts: 2})
 	ctx := context.Background()
-	scopes := []string{"one", "several", "sorted"}
+	scopes := []string{"one", "several", "sorted", "sql"}
 	for _, s := range scopes {
 		prepareExpired(t, b, s)
 	}
@@ -112,10 +114,25 @@ func TestClaimBatchOneScopeSameOutcomesAsSeveral(t *testing.T) {
 		}
 		return keys
 	}
+	sqlDB := stdlib.OpenDBFromPool(b.db.Pool)
+	t.Cleanup(func() { _ = sqlDB.Close() })
 	claim := func(keys []dedupe.Key) []*dedupe.Claim {
 		t.Helper()
 		var claims []*dedupe.Claim
-		if err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) (err error) {
+		if keys[0].Scope == "sql" {
+			// Through database/sql, which gives no raw values.
+			tx, err := sqlDB.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if claims, err = b.inbox.ClaimBatch(ctx, dedupe.SQLTx(tx), keys); err != nil {
+				_ = tx.Rollback()
+				t.Fatal(err)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) (err error) {
 			claims, err = b.inbox.ClaimBatch(ctx, tx, keys)
 			return err
 		}); err != nil {
@@ -157,6 +174,24 @@ func TestClaimBatchOneScopeSameOutcomesAsSeveral(t *testing.T) {
 			t.Errorf("claims[%d] (%s): one scope %s, several %s", n, batch[n].id, d1, d2)
 		}
 	}
+	// database/sql: the same keys in "sql", once of one scope (as above)
+	// and once with a key of another scope.
+	viaSQL := claim(keysOf("sql", batch))
+	for n := range batch {
+		if d1, d2 := describe(one[n]), describe(viaSQL[n]); d1 != d2 {
+			t.Errorf("claims[%d] (%s): pgx %s, database/sql %s", n, batch[n].id, d1, d2)
+		}
+	}
+	viaSQL = claim(append(keysOf("sql", batch), dedupe.Key{Scope: "zz-other", ID: "new-sql"}))
+	for n := range batch {
+		if c := viaSQL[n]; c.Outcome == dedupe.OutcomeClaimed || (c.Outcome == dedupe.OutcomeDuplicate && c.Result == nil) {
+			t.Errorf("claims[%d] (%s) again through database/sql: %s", n, batch[n].id, describe(c))
+		}
+	}
+	if viaSQL[len(batch)].Outcome != dedupe.OutcomeClaimed {
+		t.Errorf("database/sql, the other scope's key: %v, want claimed", viaSQL[len(batch)].Outcome)
+	}
+
 	// Sorted and distinct (nothing to sort or fold): the first
 	// occurrences, in key order.
 	var distinct []entry
