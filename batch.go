@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -36,89 +38,125 @@ func (i *Inbox) ClaimBatch(ctx context.Context, tx Querier, keys []Key) ([]*Clai
 
 // claimBatch is ClaimBatch for valid keys with an attempt limit of its own
 // (0 = none).
+//
+// The batch claim costs about what a hand-written INSERT … SELECT FROM
+// unnest costs: keys of one scope (the common case) travel as that scope
+// and one array of keys (sqlClaimBatchScope), keys of several scopes as
+// two arrays (sqlClaimBatch); the rows come back as raw key bytes matched
+// to the sorted keys by binary search, so nothing is allocated per row
+// (database/sql, which gives no raw values, scans them as strings); and the
+// claims share one allocation.
 func (i *Inbox) claimBatch(ctx context.Context, tx Querier, keys []Key, maxAttempts int) ([]*Claim, error) {
 	out := make([]*Claim, len(keys))
 	if len(keys) == 0 {
 		return out, nil
 	}
+	b := planBatch(keys)
 
-	// Distinct keys in a fixed order: an upsert cannot touch a row twice, and
-	// concurrent batches that lock in the same order cannot deadlock.
-	type item struct {
-		key   Key
-		first int   // index in keys
-		token int64 // fencing token if the upsert takes it
-		claim *Claim
-		rec   *Record // the stored row, for keys the upsert did not take
+	// Claim the distinct keys, in their sorted order.
+	m := len(b.ids)
+	tokens := make([]int64, m)
+	for j := range tokens {
+		tokens[j] = newToken()
 	}
-	byKey := make(map[[2]string]int, len(keys)) // (scope, id) → index in items
-	var items []item
-	for n, k := range keys {
-		id := [2]string{k.Scope, k.ID}
-		if _, ok := byKey[id]; ok {
-			continue
+	var fps [][]byte // none when no key has a fingerprint: unnest pads the column with NULLs
+	for j := range m {
+		if fp := keys[b.first(j)].Fingerprint; fp != nil {
+			if fps == nil {
+				fps = make([][]byte, m)
+			}
+			fps[j] = fp
 		}
-		byKey[id] = len(items)
-		items = append(items, item{key: k, first: n, token: newToken()})
 	}
-	slices.SortFunc(items, func(a, b item) int {
-		return cmp.Or(cmp.Compare(a.key.Scope, b.key.Scope), cmp.Compare(a.key.ID, b.key.ID))
-	})
-	for j, it := range items {
-		byKey[[2]string{it.key.Scope, it.key.ID}] = j
+	var (
+		rows pgx.Rows
+		err  error
+	)
+	if b.scopes == nil {
+		rows, err = tx.Query(ctx, i.q.claimBatchScope, i.cfg.now(), b.scope, b.ids, string(StateComplete), fps, tokens,
+			i.leaseArg, i.retentionArg, maxAttempts)
+	} else {
+		rows, err = tx.Query(ctx, i.q.claimBatch, i.cfg.now(), b.scopes, b.ids, string(StateComplete), fps, tokens,
+			i.leaseArg, i.retentionArg, maxAttempts)
 	}
-
-	scopes := make([]string, len(items))
-	ids := make([]string, len(items))
-	fps := make([][]byte, len(items))
-	tokens := make([]int64, len(items))
-	for j, it := range items {
-		scopes[j], ids[j], fps[j], tokens[j] = it.key.Scope, it.key.ID, it.key.Fingerprint, it.token
-	}
-	rows, err := tx.Query(ctx, i.q.claimBatch, i.cfg.now(), scopes, ids, string(StateComplete), fps, tokens,
-		i.leaseArg, i.retentionArg, maxAttempts)
 	if err != nil {
 		return nil, translate(err)
 	}
-	var (
-		scope, id, state string
-		attempts         int
+	const (
+		missed   = iota // the upsert left the stored row alone
+		taken           // claimed: a new key, or an expired lease taken over
+		poisoned        // the takeover found the attempts used up
 	)
-	_, err = pgx.ForEachRow(rows, []any{&scope, &id, &state, &attempts}, func() error {
-		it := &items[byKey[[2]string{scope, id}]]
-		c := &Claim{Key: keys[it.first], Attempt: attempts, Token: it.token, Outcome: OutcomeClaimed, inbox: i}
-		if State(state) == StateFailed {
-			c = &Claim{Key: keys[it.first], Attempt: attempts, Outcome: OutcomePoisoned, inbox: i}
+	state := make([]uint8, m)
+	attempts := make([]int, m)
+	var (
+		attempt    int
+		failed     bool
+		key, scope string
+	)
+	ncol := 3 // key, attempts, failed
+	if b.scopes != nil {
+		ncol = 4 // and scope
+	}
+	rawDest := []any{nil, &attempt, &failed, nil}[:ncol] // key and scope read raw
+	strDest := []any{&key, &attempt, &failed, &scope}[:ncol]
+	for rows.Next() {
+		if raw := rows.RawValues(); raw != nil {
+			if err := rows.Scan(rawDest...); err != nil {
+				rows.Close()
+				return nil, translate(err)
+			}
+			key = unsafeString(raw[0])
+			if b.scopes != nil {
+				scope = unsafeString(raw[3])
+			}
+		} else if err := rows.Scan(strDest...); err != nil {
+			rows.Close()
+			return nil, translate(err)
 		}
-		it.claim = c
-		return nil
-	})
-	if err != nil {
+		if b.scopes == nil {
+			scope = b.scope
+		}
+		j, ok := b.find(scope, key)
+		if !ok || state[j] != missed {
+			rows.Close()
+			return nil, errors.New("dedupe: the batch claim returned a key it was not given")
+		}
+		state[j], attempts[j] = taken, attempt
+		if failed {
+			state[j] = poisoned
+		}
+	}
+	if err := rows.Err(); err != nil {
 		return nil, translate(err)
 	}
 
 	// Read the keys the upsert did not take.
+	var recs []*Record
 	var missScopes, missIDs []string
-	for _, it := range items {
-		if it.claim == nil {
-			missScopes = append(missScopes, it.key.Scope)
-			missIDs = append(missIDs, it.key.ID)
+	for j := range m {
+		if state[j] == missed {
+			missScopes = append(missScopes, b.scopeOf(j))
+			missIDs = append(missIDs, b.ids[j])
 		}
 	}
-	if len(missScopes) > 0 {
-		rows, err = tx.Query(ctx, i.q.lookupBatch, i.cfg.now(), missScopes, missIDs)
+	if len(missIDs) > 0 {
+		rows, err := tx.Query(ctx, i.q.lookupBatch, i.cfg.now(), missScopes, missIDs)
 		if err != nil {
 			return nil, translate(err)
 		}
-		recs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Record, error) { return scanRecord(r) })
+		found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Record, error) { return scanRecord(r) })
 		if err != nil {
 			return nil, translate(err)
 		}
-		for _, rec := range recs {
-			items[byKey[[2]string{rec.Key.Scope, rec.Key.ID}]].rec = rec
+		recs = make([]*Record, m)
+		for _, rec := range found {
+			if j, ok := b.find(rec.Key.Scope, rec.Key.ID); ok {
+				recs[j] = rec
+			}
 		}
-		for _, it := range items {
-			if it.claim == nil && it.rec == nil {
+		for j := range m {
+			if state[j] == missed && recs[j] == nil {
 				// Deleted between the statements, or invisible to this snapshot.
 				return nil, errors.Join(ErrRetryable, errors.New("dedupe: a batch key vanished while being claimed"))
 			}
@@ -126,22 +164,129 @@ func (i *Inbox) claimBatch(ctx context.Context, tx Querier, keys []Key, maxAttem
 	}
 
 	// Each occurrence gets the outcome Claim would give it in tx.
+	claims := make([]Claim, len(keys))
 	for n, k := range keys {
-		it := items[byKey[[2]string{k.Scope, k.ID}]]
+		j := b.item(n)
+		f := b.first(j)
+		c := &claims[n]
 		switch {
-		case n == it.first && it.claim != nil:
-			out[n] = it.claim
-		case it.claim != nil && it.claim.Outcome == OutcomeClaimed:
+		case state[j] == taken && n == f:
+			*c = Claim{Key: k, Attempt: attempts[j], Token: tokens[j], Outcome: OutcomeClaimed, inbox: i}
+		case state[j] == poisoned && n == f:
+			*c = Claim{Key: k, Attempt: attempts[j], Outcome: OutcomePoisoned, inbox: i}
+		case state[j] == taken:
 			// Claimed by its first occurrence in this transaction.
-			out[n] = &Claim{Key: k, Outcome: OutcomeDuplicate, Attempt: it.claim.Attempt, Result: &Result{}}
-			if fp := it.key.Fingerprint; len(fp) > 0 && len(k.Fingerprint) > 0 && string(fp) != string(k.Fingerprint) {
-				out[n] = &Claim{Key: k, Outcome: OutcomeConflict, Attempt: it.claim.Attempt}
+			*c = Claim{Key: k, Outcome: OutcomeDuplicate, Attempt: attempts[j], Result: &Result{}}
+			if fp := keys[f].Fingerprint; len(fp) > 0 && len(k.Fingerprint) > 0 && string(fp) != string(k.Fingerprint) {
+				*c = Claim{Key: k, Outcome: OutcomeConflict, Attempt: attempts[j]}
 			}
-		case it.claim != nil:
-			out[n] = &Claim{Key: k, Outcome: it.claim.Outcome, Attempt: it.claim.Attempt} // poisoned
+		case state[j] == poisoned:
+			*c = Claim{Key: k, Outcome: OutcomePoisoned, Attempt: attempts[j]}
 		default:
-			out[n] = classify(k, it.rec)
+			classifyInto(c, k, recs[j])
 		}
+		out[n] = c
 	}
 	return out, nil
+}
+
+// batchPlan is a batch's distinct keys in a fixed order: an upsert cannot
+// touch a row twice, and concurrent batches that lock in the same order
+// cannot deadlock. The order is (scope, id), bytewise.
+type batchPlan struct {
+	scope  string   // the scope of every key, when scopes is nil
+	scopes []string // per distinct key, when the keys have several scopes
+	ids    []string // per distinct key, sorted (within scope)
+	firsts []int    // per distinct key, its first index in keys; nil: j itself
+	items  []int    // per index in keys, its distinct key; nil: n itself
+}
+
+func planBatch(keys []Key) batchPlan {
+	b := batchPlan{scope: keys[0].Scope}
+	single := true
+	sorted := true // strictly: sorted and distinct
+	for n := 1; n < len(keys); n++ {
+		single = single && keys[n].Scope == b.scope
+		sorted = sorted && compareKeys(keys[n-1], keys[n]) < 0
+	}
+	if sorted {
+		// Already sorted and distinct (a transport's batch often is): the
+		// distinct keys are the keys.
+		b.ids = make([]string, len(keys))
+		for n, k := range keys {
+			b.ids[n] = k.ID
+		}
+	} else {
+		// Sort the indexes, the first occurrence of a key first, and keep
+		// one per key.
+		order := make([]int, len(keys))
+		for n := range order {
+			order[n] = n
+		}
+		slices.SortFunc(order, func(a, c int) int { return cmp.Or(compareKeys(keys[a], keys[c]), cmp.Compare(a, c)) })
+		b.items = make([]int, len(keys))
+		for x, n := range order {
+			if x == 0 || compareKeys(keys[order[x-1]], keys[n]) != 0 {
+				b.firsts = append(b.firsts, n)
+				b.ids = append(b.ids, keys[n].ID)
+			}
+			b.items[n] = len(b.firsts) - 1
+		}
+	}
+	if !single {
+		b.scopes = make([]string, len(b.ids))
+		for j := range b.scopes {
+			b.scopes[j] = keys[b.first(j)].Scope
+		}
+	}
+	return b
+}
+
+// compareKeys orders keys by scope, then id.
+func compareKeys(a, b Key) int {
+	return cmp.Or(strings.Compare(a.Scope, b.Scope), strings.Compare(a.ID, b.ID))
+}
+
+// first returns the index in keys of distinct key j's first occurrence.
+func (b *batchPlan) first(j int) int {
+	if b.firsts == nil {
+		return j
+	}
+	return b.firsts[j]
+}
+
+// item returns the distinct key of keys[n].
+func (b *batchPlan) item(n int) int {
+	if b.items == nil {
+		return n
+	}
+	return b.items[n]
+}
+
+// scopeOf returns distinct key j's scope.
+func (b *batchPlan) scopeOf(j int) string {
+	if b.scopes == nil {
+		return b.scope
+	}
+	return b.scopes[j]
+}
+
+// find returns the distinct key (scope, id) by binary search.
+func (b *batchPlan) find(scope, id string) (int, bool) {
+	lo, hi := 0, len(b.ids)
+	for lo < hi {
+		j := int(uint(lo+hi) >> 1)
+		if c := cmp.Or(strings.Compare(b.scopeOf(j), scope), strings.Compare(b.ids[j], id)); c < 0 {
+			lo = j + 1
+		} else {
+			hi = j
+		}
+	}
+	return lo, lo < len(b.ids) && b.scopeOf(lo) == scope && b.ids[lo] == id
+}
+
+// unsafeString views raw bytes as a string without copying, for a lookup
+// that does not keep it (the bytes belong to the row being read).
+func unsafeString(raw []byte) string {
+	return unsafe.String(unsafe.SliceData(raw), len(raw))
 }

@@ -233,7 +233,14 @@ func (rec *Record) leaseLeft() *time.Duration {
 
 // classify turns an existing row that the claim did not take into an outcome.
 func classify(key Key, rec *Record) *Claim {
-	c := &Claim{Key: key, Attempt: rec.Attempts}
+	c := new(Claim)
+	classifyInto(c, key, rec)
+	return c
+}
+
+// classifyInto is classify into a claim the caller allocated.
+func classifyInto(c *Claim, key Key, rec *Record) {
+	*c = Claim{Key: key, Attempt: rec.Attempts}
 	if rec.LockedUntil != nil {
 		c.LockedUntil = *rec.LockedUntil
 	}
@@ -251,7 +258,6 @@ func classify(key Key, rec *Record) *Claim {
 	default:
 		c.Outcome = OutcomeInFlight
 	}
-	return c
 }
 
 // conflicts reports whether key's fingerprint differs from the stored one.

@@ -78,18 +78,41 @@ const sqlClaim = `INSERT INTO {{inbox}} AS t
 ` + sqlTakeover + `
 ` + claimReturning
 
+// claimBatchColumns are the columns a batch claim inserts.
+const claimBatchColumns = `INSERT INTO {{inbox}} AS t
+    (scope, key, state, fingerprint, attempts, token, locked_until, created_at, updated_at, expires_at)
+`
+
+// claimBatchValues are the values of a batch claim's rows after scope and
+// key: $4 state, u.fingerprint, u.token, $7 lease, $8 retention.
+const claimBatchValues = `$4::text, u.fingerprint, 1, u.token,
+    CASE WHEN $4::text = 'in_flight' THEN {{now}} + $7::interval END, {{now}}, {{now}}, {{now}} + $8::interval`
+
+// claimBatchReturning identifies a row the batch claim took (its key, and
+// its scope in the general form) and says whether it was taken (attempt
+// counted) or marked failed (attempts used up), without any per-row value
+// the client would have to allocate beyond the key's bytes.
+const claimBatchReturning = `RETURNING t.key, t.attempts, t.state = 'failed'`
+
 // sqlClaimBatch is sqlClaim over arrays: $2 scopes, $3 keys, $5
 // fingerprints, $6 tokens; $4 state, $7 lease, $8 retention, $9 max
 // attempts. The arrays must hold distinct (scope, key) pairs, sorted, so that
-// concurrent batches lock rows in the same order.
-const sqlClaimBatch = `INSERT INTO {{inbox}} AS t
-    (scope, key, state, fingerprint, attempts, token, locked_until, created_at, updated_at, expires_at)
-SELECT u.scope, u.key, $4::text, u.fingerprint, 1, u.token,
-    CASE WHEN $4::text = 'in_flight' THEN {{now}} + $7::interval END, {{now}}, {{now}}, {{now}} + $8::interval
+// concurrent batches lock rows in the same order (ORDER BY the arrays'
+// order). A NULL $5 means no fingerprints (unnest pads it with NULLs).
+const sqlClaimBatch = claimBatchColumns + `SELECT u.scope, u.key, ` + claimBatchValues + `
 FROM unnest($2::text[], $3::text[], $5::bytea[], $6::bigint[]) WITH ORDINALITY AS u(scope, key, fingerprint, token, ord)
 ORDER BY u.ord
 ` + sqlTakeover + `
-RETURNING t.scope, t.key, t.state, t.attempts`
+` + claimBatchReturning + `, t.scope`
+
+// sqlClaimBatchScope is sqlClaimBatch for keys of one scope, the common
+// case: $2 is that scope, a scalar, so the statement carries one array
+// fewer and returns no scope. Its other parameters are sqlClaimBatch's.
+const sqlClaimBatchScope = claimBatchColumns + `SELECT $2::text, u.key, ` + claimBatchValues + `
+FROM unnest($3::text[], $5::bytea[], $6::bigint[]) WITH ORDINALITY AS u(key, fingerprint, token, ord)
+ORDER BY u.ord
+` + sqlTakeover + `
+` + claimBatchReturning
 
 // sqlLookup reads one row. $2 scope, $3 key.
 const sqlLookup = `SELECT ` + recordColumns + ` FROM {{inbox}} WHERE scope = $2 AND key = $3`
@@ -256,33 +279,34 @@ const sqlLockTimeout = `SELECT set_config('lock_timeout', $1, true)`
 
 // queries holds the SQL of one Inbox with its table name filled in.
 type queries struct {
-	claimInsert, claim, claimBatch, lookup, lookupBatch, recordFailure, storeResult string
-	complete, fail, failTx, extend, release, releaseIdle, purge, stats, resolve     string
-	releaseToken, unclaimNew, unclaimTaken, peek                                    string
+	claimInsert, claim, claimBatch, claimBatchScope, lookup, lookupBatch, recordFailure, storeResult string
+	complete, fail, failTx, extend, release, releaseIdle, purge, stats, resolve                      string
+	releaseToken, unclaimNew, unclaimTaken, peek                                                     string
 }
 
 func newQueries(table string) queries {
 	r := strings.NewReplacer("{{inbox}}", table, "{{now}}", nowSQL)
 	return queries{
-		claimInsert:   r.Replace(sqlClaimInsert),
-		claim:         r.Replace(sqlClaim),
-		claimBatch:    r.Replace(sqlClaimBatch),
-		lookup:        r.Replace(sqlLookup),
-		lookupBatch:   r.Replace(sqlLookupBatch),
-		recordFailure: r.Replace(sqlRecordFailure),
-		storeResult:   r.Replace(sqlStoreResult),
-		complete:      r.Replace(sqlComplete),
-		fail:          r.Replace(sqlFail),
-		failTx:        r.Replace(sqlFailTx),
-		extend:        r.Replace(sqlExtend),
-		release:       r.Replace(sqlRelease),
-		releaseIdle:   r.Replace(sqlReleaseIdle),
-		purge:         r.Replace(sqlPurge),
-		stats:         r.Replace(sqlStats),
-		resolve:       r.Replace(sqlResolve),
-		releaseToken:  r.Replace(sqlReleaseToken),
-		unclaimNew:    r.Replace(sqlUnclaimNew),
-		unclaimTaken:  r.Replace(sqlUnclaimTaken),
-		peek:          r.Replace(sqlPeek),
+		claimInsert:     r.Replace(sqlClaimInsert),
+		claim:           r.Replace(sqlClaim),
+		claimBatch:      r.Replace(sqlClaimBatch),
+		claimBatchScope: r.Replace(sqlClaimBatchScope),
+		lookup:          r.Replace(sqlLookup),
+		lookupBatch:     r.Replace(sqlLookupBatch),
+		recordFailure:   r.Replace(sqlRecordFailure),
+		storeResult:     r.Replace(sqlStoreResult),
+		complete:        r.Replace(sqlComplete),
+		fail:            r.Replace(sqlFail),
+		failTx:          r.Replace(sqlFailTx),
+		extend:          r.Replace(sqlExtend),
+		release:         r.Replace(sqlRelease),
+		releaseIdle:     r.Replace(sqlReleaseIdle),
+		purge:           r.Replace(sqlPurge),
+		stats:           r.Replace(sqlStats),
+		resolve:         r.Replace(sqlResolve),
+		releaseToken:    r.Replace(sqlReleaseToken),
+		unclaimNew:      r.Replace(sqlUnclaimNew),
+		unclaimTaken:    r.Replace(sqlUnclaimTaken),
+		peek:            r.Replace(sqlPeek),
 	}
 }
