@@ -300,7 +300,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		// client went away, or the lease ran out): it is an artefact of the
 		// cancellation, not the operation's answer. Not stored; the retry
 		// executes.
-		s.log.InfoContext(s.ctx, "httpidem: response written after the request context ended; not stored, key released",
+		s.logger().InfoContext(s.ctx, "httpidem: response written after the request context ended; not stored, key released",
 			"status", rec.statusCode())
 		s.abandon(context.Cause(ctx))
 		rec.writeTo(w)
