@@ -153,7 +153,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	key := dedupe.Key{Scope: tenant, ID: id, Fingerprint: m.cfg.Fingerprint(r, body)}
 	ctx, observed := m.observe(r.Context(), r, key)
-	r = r.WithContext(ctx)
+	if ctx != r.Context() { // without an Observer it is the same: no copy of r
+		r = r.WithContext(ctx)
+	}
 	var (
 		claim    *dedupe.Claim
 		tx       pgx.Tx
