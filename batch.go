@@ -22,7 +22,7 @@ import (
 // claims commit or roll back with tx. If one message of the batch fails, roll
 // back and fall back to one transaction per message (or savepoints), so that
 // the failure neither loses nor duplicates the others.
-func (i *Inbox) ClaimBatch(ctx context.Context, tx pgx.Tx, keys []Key) ([]*Claim, error) {
+func (i *Inbox) ClaimBatch(ctx context.Context, tx Querier, keys []Key) ([]*Claim, error) {
 	for _, k := range keys {
 		if err := k.Validate(); err != nil {
 			return nil, err
@@ -36,7 +36,7 @@ func (i *Inbox) ClaimBatch(ctx context.Context, tx pgx.Tx, keys []Key) ([]*Claim
 
 // claimBatch is ClaimBatch for valid keys with an attempt limit of its own
 // (0 = none).
-func (i *Inbox) claimBatch(ctx context.Context, tx pgx.Tx, keys []Key, maxAttempts int) ([]*Claim, error) {
+func (i *Inbox) claimBatch(ctx context.Context, tx Querier, keys []Key, maxAttempts int) ([]*Claim, error) {
 	out := make([]*Claim, len(keys))
 	if len(keys) == 0 {
 		return out, nil

@@ -8,10 +8,14 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// BatchHandlerFunc processes the new messages of a batch inside tx, the
+// TxBatchHandlerFunc processes the new messages of a batch inside tx, the
 // transaction that holds their claims: their effects commit together with
-// the claims, or not at all.
-type BatchHandlerFunc[M any] func(ctx context.Context, tx pgx.Tx, msgs []M) error
+// the claims, or not at all. TTx is the transaction type of the inbox's
+// driver, as for TxHandlerFunc.
+type TxBatchHandlerFunc[TTx, M any] func(ctx context.Context, tx TTx, msgs []M) error
+
+// BatchHandlerFunc is the batch handler of an inbox over pgx.
+type BatchHandlerFunc[M any] = TxBatchHandlerFunc[pgx.Tx, M]
 
 // BatchResult is what one message of a batch came to: the outcome and error
 // Consumer.Handle would have returned for it alone.
@@ -41,31 +45,46 @@ type BatchResult struct {
 type BatchConsumer[M any] struct {
 	txDriver
 	cfg  ConsumerConfig[M]
-	each HandlerFunc[M]      // per-message handler, or
-	all  BatchHandlerFunc[M] // batch handler
-	one  *Consumer[M]        // per-message transactions, when a batch cannot run
+	each func(ctx context.Context, tx any, msg M) error    // per-message handler, or
+	all  func(ctx context.Context, tx any, msgs []M) error // batch handler
+	one  *Consumer[M]                                      // per-message transactions, when a batch cannot run
 }
 
 // NewBatchConsumer returns a BatchConsumer that runs h for each new message
 // of a batch, in the batch's transaction; the handler finds its claim with
 // ClaimFromContext (and may SetResult) as under Consumer.
-func NewBatchConsumer[M any](inbox *Inbox, cfg ConsumerConfig[M], h HandlerFunc[M]) (*BatchConsumer[M], error) {
+func NewBatchConsumer[M, TTx any](inbox *Inbox, cfg ConsumerConfig[M], h TxHandlerFunc[TTx, M]) (*BatchConsumer[M], error) {
 	if h == nil {
 		return nil, &ConfigError{Field: "handler", Reason: "must not be nil"}
 	}
-	return newBatchConsumer(inbox, cfg, h, nil)
+	if inbox == nil {
+		return nil, &ConfigError{Field: "inbox", Reason: "must not be nil"}
+	}
+	each, err := eraseTx(inbox.drv, h)
+	if err != nil {
+		return nil, err
+	}
+	return newBatchConsumer(inbox, cfg, each, nil)
 }
 
 // NewBatchConsumerFunc returns a BatchConsumer whose handler gets all new
 // messages of a batch in one call (one multi-row insert, say).
-func NewBatchConsumerFunc[M any](inbox *Inbox, cfg ConsumerConfig[M], h BatchHandlerFunc[M]) (*BatchConsumer[M], error) {
+func NewBatchConsumerFunc[M, TTx any](inbox *Inbox, cfg ConsumerConfig[M], h TxBatchHandlerFunc[TTx, M]) (*BatchConsumer[M], error) {
 	if h == nil {
 		return nil, &ConfigError{Field: "handler", Reason: "must not be nil"}
 	}
-	return newBatchConsumer(inbox, cfg, nil, h)
+	if inbox == nil {
+		return nil, &ConfigError{Field: "inbox", Reason: "must not be nil"}
+	}
+	all, err := eraseTx(inbox.drv, h)
+	if err != nil {
+		return nil, err
+	}
+	return newBatchConsumer(inbox, cfg, nil, all)
 }
 
-func newBatchConsumer[M any](inbox *Inbox, cfg ConsumerConfig[M], each HandlerFunc[M], all BatchHandlerFunc[M]) (*BatchConsumer[M], error) {
+func newBatchConsumer[M any](inbox *Inbox, cfg ConsumerConfig[M], each func(context.Context, any, M) error,
+	all func(context.Context, any, []M) error) (*BatchConsumer[M], error) {
 	d, err := newTxDriver(inbox, &cfg)
 	if err != nil {
 		return nil, err
@@ -83,7 +102,7 @@ func (b *BatchConsumer[M]) Scope() string { return b.cfg.Scope }
 func (b *BatchConsumer[M]) KeyOf(msg M) (Key, error) { return keyOf(&b.cfg, msg) }
 
 // runOne is the handler of one message on its own.
-func (b *BatchConsumer[M]) runOne(ctx context.Context, tx pgx.Tx, msg M) error {
+func (b *BatchConsumer[M]) runOne(ctx context.Context, tx any, msg M) error {
 	if b.each != nil {
 		return b.each(ctx, tx, msg)
 	}
@@ -175,12 +194,11 @@ func msgCtx(ctx context.Context, mctx []context.Context, n int) context.Context 
 // results. An error means nothing committed and no result was filled.
 func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, msgs []M, keys []Key, valid []int, res []BatchResult) error {
 	inbox := b.inbox
-	br := inbox.db.SendBatch(ctx, b.beginBatch())
-	tx := br.Tx()
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-	if err := br.Close(); err != nil {
-		return translate(err)
+	tx, err := b.begin(ctx, b.beginBatch())
+	if err != nil {
+		return err
 	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	batchKeys := make([]Key, len(valid))
 	for j, n := range valid {
 		batchKeys[j] = keys[n]
@@ -223,8 +241,7 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, 
 			return translate(err)
 		}
 	}
-	g := newGuard(tx)
-	failedAt, herr := b.runBatch(ctx, mctx, g, msgs, valid, fresh, claims)
+	failedAt, herr := b.runBatch(ctx, mctx, tx, msgs, valid, fresh, claims)
 	if herr == nil {
 		outcome, cerr := b.commit(ctx, tx, claims[fresh[0]])
 		for _, j := range fresh {
@@ -242,9 +259,8 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, 
 		return nil
 	}
 	n := valid[failedAt]
-	if g.Ended() {
-		b.endedAt(ctx, keys, valid, fresh, claims, failedAt, herr, res)
-	} else {
+	ended := tx.ended()
+	if !ended {
 		// Record the failing message's attempt while its claim is held,
 		// give back the claims of the others, and commit just that.
 		poisoned, attempts, err := b.recordFailedTx(ctx, tx, sqlSavepointName, claims[failedAt], herr)
@@ -254,7 +270,13 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, 
 		if err == nil {
 			err = translate(tx.Commit(ctx))
 		}
-		res[n].Outcome, res[n].Err = b.report(ctx, claims[failedAt], herr, poisoned, attempts, err)
+		// database/sql learns only now that the handler ended it.
+		if ended = errors.Is(err, ErrTxEnded); !ended {
+			res[n].Outcome, res[n].Err = b.report(ctx, claims[failedAt], herr, poisoned, attempts, err)
+		}
+	}
+	if ended {
+		b.endedAt(ctx, keys, valid, fresh, claims, failedAt, herr, res)
 	}
 	// The messages before the failing one, again as a batch; the ones after
 	// it wait for their redelivery, so that order is kept.
@@ -268,7 +290,7 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, 
 }
 
 // unclaim gives back, in tx, the claims of fresh other than failedAt's.
-func (b *BatchConsumer[M]) unclaim(ctx context.Context, tx pgx.Tx, fresh []int, failedAt int, claims []*Claim) error {
+func (b *BatchConsumer[M]) unclaim(ctx context.Context, tx Querier, fresh []int, failedAt int, claims []*Claim) error {
 	var scopes, ids []string
 	var tokens []int64
 	for _, j := range fresh {
@@ -283,7 +305,7 @@ func (b *BatchConsumer[M]) unclaim(ctx context.Context, tx pgx.Tx, fresh []int, 
 	now := b.inbox.cfg.now()
 	q.Queue(b.inbox.q.unclaimNew, now, scopes, ids, tokens)
 	q.Queue(b.inbox.q.unclaimTaken, now, scopes, ids, tokens)
-	return translate(tx.SendBatch(ctx, q).Close())
+	return translate(sendBatch(ctx, tx, q))
 }
 
 // endedAt records a batch whose handler ended the transaction itself at the
@@ -309,21 +331,21 @@ func (b *BatchConsumer[M]) endedAt(ctx context.Context, keys []Key, valid, fresh
 // runBatch runs the handler over the claimed messages; failedAt is the index
 // into valid of the failing message (-1 when a batch handler failed). A
 // per-message handler runs with its message's context (see handle).
-func (b *BatchConsumer[M]) runBatch(ctx context.Context, mctx []context.Context, g *guardedTx, msgs []M, valid, fresh []int, claims []*Claim) (int, error) {
+func (b *BatchConsumer[M]) runBatch(ctx context.Context, mctx []context.Context, g txConn, msgs []M, valid, fresh []int, claims []*Claim) (int, error) {
 	if b.all != nil {
 		batch := make([]M, len(fresh))
 		for k, j := range fresh {
 			batch[k] = msgs[valid[j]]
 		}
-		return -1, runGuarded(g, func() error { return b.all(ctx, g, batch) })
+		return -1, runGuarded(g, func() error { return b.all(ctx, g.handlerTx(), batch) })
 	}
 	for _, j := range fresh {
 		c := claims[j]
 		c.pending = nil
 		n := valid[j]
-		err := runGuarded(g, func() error { return b.each(contextWithClaim(msgCtx(ctx, mctx, n), c), g, msgs[n]) })
+		err := runGuarded(g, func() error { return b.each(contextWithClaim(msgCtx(ctx, mctx, n), c), g.handlerTx(), msgs[n]) })
 		if err == nil && c.pending != nil {
-			err = b.inbox.StoreResultTx(ctx, g.Tx, c, *c.pending)
+			err = b.inbox.StoreResultTx(ctx, g, c, *c.pending)
 		}
 		if err != nil {
 			return j, err

@@ -22,7 +22,7 @@ import (
 //
 // If tx's COMMIT fails without a reply, use Resolve to learn whether the
 // claim (and so the caller's effects) committed.
-func (i *Inbox) Claim(ctx context.Context, tx pgx.Tx, key Key) (*Claim, error) {
+func (i *Inbox) Claim(ctx context.Context, tx Querier, key Key) (*Claim, error) {
 	if err := key.Validate(); err != nil {
 		return nil, err
 	}
@@ -36,7 +36,7 @@ func (i *Inbox) Claim(ctx context.Context, tx pgx.Tx, key Key) (*Claim, error) {
 	// returns no row).
 	round := i.queueClaim(b, req, readOthers)
 	sent := time.Now()
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+	if err := sendBatch(ctx, tx, b); err != nil {
 		return nil, translate(err)
 	}
 	c, _, err := i.settle(ctx, tx, req, round, sent)

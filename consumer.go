@@ -10,12 +10,20 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// HandlerFunc processes one message inside tx, the transaction that also
+// TxHandlerFunc processes one message inside tx, the transaction that also
 // holds the message's claim: write the effects through tx and they commit
 // together with the claim, or not at all. Return an error to roll everything
 // back so that a redelivery tries again; wrap it with Permanent when retrying
-// cannot help.
-type HandlerFunc[M any] func(ctx context.Context, tx pgx.Tx, msg M) error
+// cannot help. Do not commit or roll back tx: dedupe does.
+//
+// TTx is the transaction type of the inbox's driver: pgx.Tx for a pgx pool
+// (HandlerFunc), *sql.Tx for a database/sql handle (SQL). A handler of the
+// other type is refused by its constructor with a *ConfigError.
+type TxHandlerFunc[TTx, M any] func(ctx context.Context, tx TTx, msg M) error
+
+// HandlerFunc is the handler of an inbox over pgx: it receives the claim's
+// transaction as a pgx.Tx.
+type HandlerFunc[M any] = TxHandlerFunc[pgx.Tx, M]
 
 // ConsumerConfig configures a Consumer.
 type ConsumerConfig[M any] struct {
@@ -60,12 +68,14 @@ type ConsumerConfig[M any] struct {
 type Consumer[M any] struct {
 	txDriver
 	cfg        ConsumerConfig[M]
-	handler    HandlerFunc[M]
+	handler    func(ctx context.Context, tx any, msg M) error
 	unobserved bool // a BatchConsumer's fallback: the batch reports it
 }
 
-// NewConsumer returns a Consumer that runs h for each new message.
-func NewConsumer[M any](inbox *Inbox, cfg ConsumerConfig[M], h HandlerFunc[M]) (*Consumer[M], error) {
+// NewConsumer returns a Consumer that runs h for each new message. h takes
+// the transaction type of the inbox's driver: pgx.Tx, or *sql.Tx for an
+// inbox over SQL.
+func NewConsumer[M, TTx any](inbox *Inbox, cfg ConsumerConfig[M], h TxHandlerFunc[TTx, M]) (*Consumer[M], error) {
 	if h == nil {
 		return nil, &ConfigError{Field: "handler", Reason: "must not be nil"}
 	}
@@ -73,7 +83,11 @@ func NewConsumer[M any](inbox *Inbox, cfg ConsumerConfig[M], h HandlerFunc[M]) (
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer[M]{txDriver: d, cfg: cfg, handler: h}, nil
+	eh, err := eraseTx(inbox.drv, h)
+	if err != nil {
+		return nil, err
+	}
+	return &Consumer[M]{txDriver: d, cfg: cfg, handler: eh}, nil
 }
 
 // newTxDriver validates cfg, fills its defaults and returns the transaction
@@ -229,12 +243,11 @@ func (c *Consumer[M]) attemptClaim(ctx context.Context, key Key, msg M, cp **Cla
 	round := inbox.queueClaim(b, req, readPeek)
 	b.Queue(sqlSavepoint)
 	sent := time.Now()
-	br := inbox.db.SendBatch(ctx, b)
-	tx := br.Tx()
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-	if err := br.Close(); err != nil {
-		return inFlightOr(translate(err))
+	tx, err := c.begin(ctx, b)
+	if err != nil {
+		return inFlightOr(err)
 	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	claim, extra, err := inbox.settle(ctx, tx, req, round, sent)
 	if err != nil {
 		return inFlightOr(err)
@@ -263,10 +276,9 @@ func (c *Consumer[M]) attemptClaim(ctx context.Context, key Key, msg M, cp **Cla
 		}
 	}
 
-	g := newGuard(tx)
-	herr := runGuarded(g, func() error { return c.handler(contextWithClaim(ctx, claim), g, msg) })
+	herr := runGuarded(tx, func() error { return c.handler(contextWithClaim(ctx, claim), tx.handlerTx(), msg) })
 	if herr != nil {
-		return c.failed(ctx, tx, g, claim, herr)
+		return c.failed(ctx, tx, claim, herr)
 	}
 	if p := claim.pending; p != nil {
 		if err := inbox.StoreResultTx(ctx, tx, claim, *p); err != nil {

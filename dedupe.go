@@ -37,17 +37,12 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// DB is what an Inbox needs from PostgreSQL. *pgxpool.Pool satisfies it (and
-// so does a *pgx.Conn, though it cannot serve concurrent calls). SendBatch
-// with pgx.Batch.BeginTx lets the consumer send BEGIN, the claim and its
-// savepoint in one round trip.
+// DB is the database of an Inbox or Outbox: a pgx pool (*pgxpool.Pool, the
+// default and fastest; a *pgx.Conn works too, though it cannot serve
+// concurrent calls), or a database/sql handle wrapped with SQL. Any other
+// value is refused by New with a *ConfigError.
 type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	Querier
 }
 
 // Querier is a connection, pool or transaction that runs statements; the
@@ -183,6 +178,7 @@ func qualify(schema, name string) string {
 // one per configuration and share it.
 type Inbox struct {
 	db    DB
+	drv   driver
 	cfg   Config
 	q     queries
 	table string // quoted and qualified
@@ -194,15 +190,16 @@ type Inbox struct {
 // New returns an Inbox over db; the zero Config is the defaults. New does not
 // touch the database; call Migrate once before use (cfg.Migration()).
 func New(db DB, cfg Config) (*Inbox, error) {
-	if db == nil {
-		return nil, &ConfigError{Field: "db", Reason: "must not be nil"}
+	drv, err := newDriver(db)
+	if err != nil {
+		return nil, err
 	}
 	c, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
 	table := qualify(c.Schema, c.Table)
-	return &Inbox{db: db, cfg: c, q: newQueries(table), table: table, leaseArg: c.Lease, retentionArg: c.Retention}, nil
+	return &Inbox{db: db, drv: drv, cfg: c, q: newQueries(table), table: table, leaseArg: c.Lease, retentionArg: c.Retention}, nil
 }
 
 // Config returns the inbox's configuration with defaults filled in.

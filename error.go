@@ -211,12 +211,42 @@ func mayHaveApplied(err error) bool {
 	if err == nil {
 		return false
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) || errors.Is(err, pgx.ErrTxClosed) ||
-		errors.Is(err, pgx.ErrNoRows) || isRefusal(err) {
+	if _, ok := sqlState(err); ok || errors.Is(err, pgx.ErrTxCommitRollback) || isTxDone(err) ||
+		errors.Is(err, pgx.ErrNoRows) || isRefusal(err) || isFailedTxCommit(err) {
 		return false
 	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return false
+	}
+	// pgx knows when a request never left; database/sql drivers say
+	// driver.ErrBadConn for that but also (lib/pq) for a connection that
+	// broke under a COMMIT, so only pgx's word is taken.
 	return !pgconn.SafeToRetry(err)
+}
+
+// sqlState returns the SQLSTATE of a server error, from any driver:
+// *pgconn.PgError (pgx, and database/sql over pgx) and lib/pq's *pq.Error
+// both have the method.
+func sqlState(err error) (string, bool) {
+	var se interface{ SQLState() string }
+	if errors.As(err, &se) {
+		return se.SQLState(), true
+	}
+	return "", false
+}
+
+// isFailedTxCommit reports a database/sql driver's refusal to COMMIT a
+// failed transaction, a definite rollback: pgx's stdlib says
+// pgx.ErrTxCommitRollback, lib/pq its ErrInFailedTransaction, known by its
+// text (dedupe does not depend on lib/pq).
+func isFailedTxCommit(err error) bool {
+	for ; err != nil; err = errors.Unwrap(err) {
+		if err.Error() == "pq: Could not complete operation in a failed transaction" {
+			return true
+		}
+	}
+	return false
 }
 
 // refusals are the sentinels of answers the server gave (a statement that
@@ -239,11 +269,14 @@ func translate(err error) error {
 	if err == nil {
 		return nil
 	}
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
+	code, ok := sqlState(err)
+	if !ok {
+		if isTxDone(err) {
+			return fmt.Errorf("%w: %w", ErrTxEnded, err)
+		}
 		return err
 	}
-	switch pgErr.Code {
+	switch code {
 	case pgLockNotAvailable:
 		return fmt.Errorf("%w: %w", ErrInFlight, err)
 	case pgSerializationFailure, pgDeadlockDetected:

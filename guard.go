@@ -26,8 +26,8 @@ func newGuard(tx pgx.Tx) *guardedTx { return txguard.New(tx, ErrTxOwned, errStat
 
 // checkGuard is run after the handler returned nil: the transaction must
 // still be open and healthy, or nothing may be reported as processed.
-func checkGuard(g *guardedTx) error {
-	switch g.Status() {
+func checkGuard(g txConn) error {
+	switch g.status() {
 	case 'T':
 		return nil
 	case 'E':

@@ -62,7 +62,7 @@ func (i *Inbox) begin(ctx context.Context, key Key, req *claimReq) (*Claim, erro
 		b := &pgx.Batch{}
 		round := i.queueClaim(b, req, readAll)
 		sent := time.Now()
-		if err := i.db.SendBatch(ctx, b).Close(); err != nil {
+		if err := sendBatch(ctx, i.db, b); err != nil {
 			return translate(err)
 		}
 		var err error

@@ -112,6 +112,7 @@ type MigrationStatus struct {
 // dedupe_migration in the same schema.
 type Migrator struct {
 	db         DB
+	drv        driver
 	cfg        MigrateConfig
 	migrations []Migration
 	tracking   string
@@ -120,8 +121,9 @@ type Migrator struct {
 // NewMigrator returns a Migrator for cfg (the zero MigrateConfig for every
 // line with the default names).
 func NewMigrator(db DB, cfg MigrateConfig) (*Migrator, error) {
-	if db == nil {
-		return nil, &ConfigError{Field: "db", Reason: "must not be nil"}
+	drv, err := newDriver(db)
+	if err != nil {
+		return nil, err
 	}
 	c, err := cfg.withDefaults()
 	if err != nil {
@@ -135,7 +137,7 @@ func NewMigrator(db DB, cfg MigrateConfig) (*Migrator, error) {
 		}
 		ms = append(ms, lm...)
 	}
-	return &Migrator{db: db, cfg: c, migrations: ms, tracking: qualify(c.Schema, "dedupe_migration")}, nil
+	return &Migrator{db: db, drv: drv, cfg: c, migrations: ms, tracking: qualify(c.Schema, "dedupe_migration")}, nil
 }
 
 // Migrate applies every pending migration of cfg's lines (the zero
@@ -171,7 +173,7 @@ type migrationID struct {
 // lock and returns those it applied.
 func (m *Migrator) Up(ctx context.Context) ([]Migration, error) {
 	var applied []Migration
-	err := m.locked(ctx, func(tx pgx.Tx, done map[migrationID]time.Time) error {
+	err := m.locked(ctx, func(tx Querier, done map[migrationID]time.Time) error {
 		for _, mig := range m.migrations {
 			if _, ok := done[migrationID{mig.Line, mig.Version}]; ok {
 				continue
@@ -194,7 +196,7 @@ func (m *Migrator) Up(ctx context.Context) ([]Migration, error) {
 // of the migrator's lines, newest first, and returns those it reverted.
 func (m *Migrator) Down(ctx context.Context, target int) ([]Migration, error) {
 	var reverted []Migration
-	err := m.locked(ctx, func(tx pgx.Tx, done map[migrationID]time.Time) error {
+	err := m.locked(ctx, func(tx Querier, done map[migrationID]time.Time) error {
 		for _, mig := range slices.Backward(m.migrations) {
 			if _, ok := done[migrationID{mig.Line, mig.Version}]; !ok || mig.Version <= target {
 				continue
@@ -258,8 +260,8 @@ func (m *Migrator) applied(ctx context.Context, q Querier) (map[migrationID]time
 
 // locked runs f in a transaction holding the migration lock, with the
 // tracking table present and its applied versions read.
-func (m *Migrator) locked(ctx context.Context, f func(tx pgx.Tx, done map[migrationID]time.Time) error) error {
-	return pgx.BeginFunc(ctx, m.db, func(tx pgx.Tx) error {
+func (m *Migrator) locked(ctx context.Context, f func(tx Querier, done map[migrationID]time.Time) error) error {
+	return inTx(ctx, m.drv, func(tx Querier) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrationLockID); err != nil {
 			return err
 		}

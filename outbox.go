@@ -117,6 +117,7 @@ type OutboxMessage struct {
 // for a Relay to publish after commit. It is safe for concurrent use.
 type Outbox struct {
 	db       DB
+	drv      driver
 	cfg      OutboxConfig
 	table    string
 	q        outboxQueries
@@ -134,8 +135,9 @@ type Outbox struct {
 // statement runs, never the application's. OutboxConfig.Clock, when set,
 // replaces the database's clock: a seam for tests.
 func NewOutbox(db DB, cfg OutboxConfig) (*Outbox, error) {
-	if db == nil {
-		return nil, &ConfigError{Field: "db", Reason: "must not be nil"}
+	drv, err := newDriver(db)
+	if err != nil {
+		return nil, err
 	}
 	c, err := cfg.withDefaults()
 	if err != nil {
@@ -144,7 +146,7 @@ func NewOutbox(db DB, cfg OutboxConfig) (*Outbox, error) {
 	table := qualify(c.Schema, c.Table)
 	h := fnv.New64a()
 	h.Write([]byte(table))
-	return &Outbox{db: db, cfg: c, table: table, q: newOutboxQueries(table), lockSeed: int64(h.Sum64())}, nil
+	return &Outbox{db: db, drv: drv, cfg: c, table: table, q: newOutboxQueries(table), lockSeed: int64(h.Sum64())}, nil
 }
 
 // Config returns the outbox's configuration with defaults filled in.

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Defaults of RelayConfig.
@@ -48,7 +47,11 @@ type RelayConfig struct {
 	DisableListen bool
 	// ListenConn opens the dedicated connection the relay LISTENs on.
 	// Defaults to a new connection with the pool's settings when the
-	// outbox's DB is a *pgxpool.Pool, and to polling only otherwise.
+	// outbox's DB is a *pgxpool.Pool, and to polling only otherwise: an
+	// outbox over SQL (database/sql cannot LISTEN) polls every
+	// PollInterval, which NewRelay logs at Info. With database/sql over
+	// pgx's stdlib or lib/pq, ListenConn may open a pgx connection to the
+	// same database to be woken at once.
 	ListenConn func(ctx context.Context) (*pgx.Conn, error)
 	// PublishTimeout bounds one call of Publisher.Publish. Defaults to 30s.
 	PublishTimeout time.Duration
@@ -133,9 +136,13 @@ func (c RelayConfig) withDefaults(o *Outbox, pub Publisher) (RelayConfig, error)
 		c.HealthCheck = hc.CheckHealth
 	}
 	if c.ListenConn == nil && !c.DisableListen {
-		if p, ok := o.db.(*pgxpool.Pool); ok {
+		if p := o.drv.listenPool(); p != nil {
 			cc := p.Config().ConnConfig
 			c.ListenConn = func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, cc.Copy()) }
+		} else {
+			c.Logger.Info("dedupe: the relay polls for new messages every PollInterval: its outbox's DB cannot LISTEN "+
+				"(a database/sql handle, or a single connection); set RelayConfig.ListenConn to be woken at once",
+				"poll_interval", c.PollInterval)
 		}
 	}
 	for name, d := range map[string]time.Duration{"PollInterval": c.PollInterval, "PublishTimeout": c.PublishTimeout,
@@ -321,7 +328,7 @@ func (r *Relay) Cycle(ctx context.Context) (int, error) {
 }
 
 func (r *Relay) cycle(ctx context.Context) (res cycleResult, err error) {
-	tx, err := r.ob.db.Begin(ctx)
+	tx, err := r.ob.drv.begin(ctx, pgx.TxOptions{}, nil)
 	if err != nil {
 		return res, translate(err)
 	}

@@ -5,8 +5,6 @@ import (
 	"context"
 	"slices"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // maxClaimStatements bounds the claim statements of one cycle that find
@@ -22,7 +20,7 @@ const maxClaimStatements = 8
 // window that held some work stays where it is, for its keys' later rows,
 // until the walk reaches the last pending row. more reports that the walk stopped with pending rows past it, so that Run
 // looks again at once.
-func (r *Relay) claim(ctx context.Context, tx pgx.Tx) (batch []*OutboxMessage, more bool, err error) {
+func (r *Relay) claim(ctx context.Context, tx Querier) (batch []*OutboxMessage, more bool, err error) {
 	now := r.ob.dbNow()
 	cursor := r.cursor.Load()
 	wrapped := cursor == 0 // a walk from the oldest needs no wrap
@@ -75,7 +73,7 @@ type claimed struct {
 }
 
 // claimWindow runs sqlOutboxClaim once.
-func (r *Relay) claimWindow(ctx context.Context, tx pgx.Tx, now *time.Time, cursor int64) (c claimed, err error) {
+func (r *Relay) claimWindow(ctx context.Context, tx Querier, now *time.Time, cursor int64) (c claimed, err error) {
 	rows, err := tx.Query(ctx, r.ob.q.claim, now, cursor, r.cfg.ScanWindow, r.cfg.BatchSize)
 	if err != nil {
 		return c, translate(err)

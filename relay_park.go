@@ -21,7 +21,7 @@ type recorded struct {
 }
 
 // record writes the outcome of the batch in tx.
-func (r *Relay) record(ctx context.Context, tx pgx.Tx, confirmed []*OutboxMessage, failures []failure) (recorded, error) {
+func (r *Relay) record(ctx context.Context, tx Querier, confirmed []*OutboxMessage, failures []failure) (recorded, error) {
 	rec := recorded{confirmed: confirmed, failures: failures, parked: make([]bool, len(failures))}
 	now := r.ob.dbNow()
 	if len(confirmed) > 0 {
@@ -54,7 +54,7 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, confirmed []*OutboxMessag
 
 // markPublished marks (or deletes) the confirmed rows, reading their lags
 // from the database when an Observer wants them.
-func (r *Relay) markPublished(ctx context.Context, tx pgx.Tx, ids []int64, now *time.Time, rec *recorded) error {
+func (r *Relay) markPublished(ctx context.Context, tx Querier, ids []int64, now *time.Time, rec *recorded) error {
 	if r.cfg.Observer == nil {
 		q, args := r.ob.q.markPublished, []any{ids, now}
 		if r.cfg.DeletePublished {

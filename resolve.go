@@ -69,7 +69,7 @@ func (i *Inbox) probe(ctx context.Context, key Key, token int64) (State, bool, e
 }
 
 func (i *Inbox) probeOnce(ctx context.Context, key Key, token int64, opts pgx.TxOptions) (State, bool, error) {
-	tx, err := i.db.BeginTx(ctx, opts)
+	tx, err := i.drv.begin(ctx, opts, nil)
 	if err != nil {
 		return "", false, translate(err)
 	}

@@ -22,22 +22,27 @@ type txDriver struct {
 // Inbox returns the consumer's inbox.
 func (d *txDriver) Inbox() *Inbox { return d.inbox }
 
-// beginBatch returns a batch that begins the claim's transaction (with its
-// lock timeout), for the claim statements to be queued behind: one round
-// trip for all of them.
+// beginBatch returns the statements that follow BEGIN in the claim's
+// transaction (its lock timeout), for the claim statements to be queued
+// behind: with pgx, one round trip for all of them.
 func (d *txDriver) beginBatch() *pgx.Batch {
 	b := &pgx.Batch{}
-	b.BeginTx(d.txOpts)
 	if d.lockTimeout != "" {
 		b.Queue(sqlLockTimeout, d.lockTimeout)
 	}
 	return b
 }
 
+// begin begins the claim's transaction and runs b in it.
+func (d *txDriver) begin(ctx context.Context, b *pgx.Batch) (txConn, error) {
+	tx, err := d.inbox.drv.begin(ctx, d.txOpts, b)
+	return tx, translate(err)
+}
+
 // runGuarded runs a handler call, turning a panic into a *PanicError, and
 // refuses a nil return from a handler that ended or aborted g behind
 // dedupe's back.
-func runGuarded(g *guardedTx, call func() error) (err error) {
+func runGuarded(g txConn, call func() error) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err = &PanicError{Value: v, Stack: debug.Stack()}
@@ -61,7 +66,7 @@ func inFlightOr(err error) (Outcome, error) {
 // resolved on a fresh connection through claim (any claim of the
 // transaction): committed is reported as claimed, not committed as an error,
 // and an unanswerable question as OutcomeUnknown.
-func (d *txDriver) commit(ctx context.Context, tx pgx.Tx, claim *Claim) (Outcome, error) {
+func (d *txDriver) commit(ctx context.Context, tx txConn, claim *Claim) (Outcome, error) {
 	err := tx.Commit(ctx)
 	if err == nil {
 		return OutcomeClaimed, nil
@@ -91,7 +96,7 @@ func (d *txDriver) commit(ctx context.Context, tx pgx.Tx, claim *Claim) (Outcome
 // rollback goes alone, as a simple query: a transaction aborted by the
 // handler's failed statement refuses to prepare anything until it is rolled
 // back.
-func (d *txDriver) recordFailedTx(ctx context.Context, tx pgx.Tx, savepoint string, claim *Claim, herr error) (failed bool, attempts int, err error) {
+func (d *txDriver) recordFailedTx(ctx context.Context, tx Querier, savepoint string, claim *Claim, herr error) (failed bool, attempts int, err error) {
 	if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+savepoint); err != nil {
 		return false, 0, translate(err)
 	}
@@ -107,7 +112,7 @@ func (d *txDriver) recordFailedTx(ctx context.Context, tx pgx.Tx, savepoint stri
 // (attempt counted, key released or marked failed) and that commits: the
 // claim was held all along, so no concurrent duplicate started an attempt
 // this one did not count.
-func (d *txDriver) failed(ctx context.Context, tx pgx.Tx, g *guardedTx, claim *Claim, herr error) (Outcome, error) {
+func (d *txDriver) failed(ctx context.Context, tx txConn, claim *Claim, herr error) (Outcome, error) {
 	if o, err, done := d.notAnAttempt(ctx, claim, herr); done {
 		return o, err
 	}
@@ -116,12 +121,18 @@ func (d *txDriver) failed(ctx context.Context, tx pgx.Tx, g *guardedTx, claim *C
 		attempts int
 		err      error
 	)
-	if g.Ended() {
+	ended := tx.ended()
+	if !ended {
+		if poisoned, attempts, err = d.recordFailedTx(ctx, tx, sqlSavepointName, claim, herr); err == nil {
+			err = translate(tx.Commit(ctx))
+		}
+		// database/sql learns only now that the handler ended it.
+		ended = errors.Is(err, ErrTxEnded)
+	}
+	if ended {
 		// The handler ended the transaction; the claim went with it. Count
 		// the attempt on its own.
 		attempts, poisoned, err = d.inbox.recordFailure(ctx, claim.Key, herr, d.maxAttempts)
-	} else if poisoned, attempts, err = d.recordFailedTx(ctx, tx, sqlSavepointName, claim, herr); err == nil {
-		err = translate(tx.Commit(ctx))
 	}
 	return d.report(ctx, claim, herr, poisoned, attempts, err)
 }

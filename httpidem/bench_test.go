@@ -18,8 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/exactlyonce/dedupe"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // BenchmarkCreateOrder compares POST /orders through the middleware, in
@@ -159,7 +158,7 @@ VALUES ($1, $2, $3, now(), now() + interval '24 hours') ON CONFLICT (tenant, key
 // the middleware's work: fingerprint, claim with a lock timeout (409 when a
 // concurrent request holds the key), 422 for another payload, replay of the
 // stored response, and a new order committed with its stored response.
-func handWritten(pool dedupe.DB, pipelined bool) http.Handler {
+func handWritten(pool *pgxpool.Pool, pipelined bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		tenant, key := r.Header.Get("X-Tenant-ID"), r.Header.Get("Idempotency-Key")

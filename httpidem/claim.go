@@ -64,7 +64,7 @@ func lockTimeoutSetting(d time.Duration) string {
 // (see the package's report to the core); it relies only on Claim's
 // documented contract, that it runs its statements on the tx it is given.
 type pipelinedTx struct {
-	db          dedupe.DB
+	db          pgxDB
 	opts        pgx.TxOptions
 	lockTimeout string
 	// savepoint is whether the savepoint is taken after the claim: only

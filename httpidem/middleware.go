@@ -56,11 +56,18 @@ import (
 // concurrent use; build one and wrap every route with Handler.
 type Middleware struct {
 	inbox       *dedupe.Inbox
-	db          dedupe.DB
+	db          pgxDB
 	cfg         Config
 	required    bool
 	mode        Mode
 	lockTimeout string // Config.LockTimeout as a setting
+}
+
+// pgxDB is what the middleware runs its transactions on: a pgx pool.
+type pgxDB interface {
+	dedupe.Querier
+	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // New returns a Middleware storing its keys through db (a *pgxpool.Pool).
@@ -69,6 +76,10 @@ type Middleware struct {
 func New(db dedupe.DB, cfg Config) (*Middleware, error) {
 	if db == nil {
 		return nil, &dedupe.ConfigError{Field: "db", Reason: "must not be nil"}
+	}
+	pdb, ok := db.(pgxDB)
+	if !ok {
+		return nil, &dedupe.ConfigError{Field: "db", Reason: fmt.Sprintf("httpidem needs a pgx pool, not %T", db)}
 	}
 	c, err := cfg.withDefaults()
 	if err != nil {
@@ -79,7 +90,7 @@ func New(db dedupe.DB, cfg Config) (*Middleware, error) {
 		return nil, fmt.Errorf("httpidem: %w", err)
 	}
 	c.Inbox = inbox.Config()
-	return &Middleware{inbox: inbox, db: db, cfg: c, required: c.KeyRequired, mode: c.Mode,
+	return &Middleware{inbox: inbox, db: pdb, cfg: c, required: c.KeyRequired, mode: c.Mode,
 		lockTimeout: lockTimeoutSetting(c.LockTimeout)}, nil
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/httpidem"
@@ -23,7 +24,7 @@ import (
 // then BeginTx (what Inbox.Resolve's probe uses) fails with a server error
 // that is not a connection error, so Resolve gives up at once.
 type failingBeginDB struct {
-	dedupe.DB
+	*pgxpool.Pool
 	fail atomic.Bool
 }
 
@@ -35,7 +36,7 @@ func (d *failingBeginDB) BeginTx(ctx context.Context, o pgx.TxOptions) (pgx.Tx, 
 	if d.fail.Load() {
 		return nil, &pgconn.PgError{Code: "42501", Message: "review: injected probe failure"}
 	}
-	return d.DB.BeginTx(ctx, o)
+	return d.Pool.BeginTx(ctx, o)
 }
 
 // recordingObserver records every handling's outcome and error.
@@ -72,7 +73,7 @@ func (o *recordingObserver) snapshot() (int, []dedupe.HandleDone) {
 func TestObserverEndedTxWithUnresolvableOutcomeIsUnknown(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t, dbtest.Options{MaxConns: 4})
-	fdb := &failingBeginDB{DB: db.Pool}
+	fdb := &failingBeginDB{Pool: db.Pool}
 	obs := &recordingObserver{}
 	mw, err := httpidem.New(fdb, httpidem.Config{
 		Logger: testLogger(t),

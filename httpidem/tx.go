@@ -11,7 +11,7 @@ import (
 
 // request is the per-request state the middleware puts in the context.
 type request struct {
-	db     dedupe.DB
+	db     pgxDB
 	claim  *dedupe.Claim
 	txOpts pgx.TxOptions
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -165,7 +166,7 @@ func (b *bench) kafkaRunner(ctx context.Context, partitions int, backlog int64) 
 	defer stopCluster()
 	win := newWindow(backlog)
 	ic := b.inbox.Config()
-	inbox, err := dedupe.New(timedDB{DB: b.pool, committed: func(d time.Duration) { win.lat.add(d); win.add(1) }}, ic)
+	inbox, err := dedupe.New(timedDB{Pool: b.pool, committed: func(d time.Duration) { win.lat.add(d); win.add(1) }}, ic)
 	if err != nil {
 		return nil, err
 	}
@@ -194,7 +195,7 @@ func (b *bench) kafkaRunner(ctx context.Context, partitions int, backlog int64) 
 // timedDB is the benchmark's pool, reporting every transaction that
 // commits, with its time from BEGIN to COMMIT.
 type timedDB struct {
-	dedupe.DB
+	*pgxpool.Pool
 	committed func(time.Duration)
 }
 
@@ -204,7 +205,7 @@ func (d timedDB) Begin(ctx context.Context) (pgx.Tx, error) {
 
 func (d timedDB) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
 	t0 := time.Now()
-	tx, err := d.DB.BeginTx(ctx, opts)
+	tx, err := d.Pool.BeginTx(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +216,7 @@ func (d timedDB) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error
 // pipelined BEGIN and claim).
 func (d timedDB) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	t0 := time.Now()
-	return &timedBatch{BatchResults: d.DB.SendBatch(ctx, b), t0: t0, committed: d.committed}
+	return &timedBatch{BatchResults: d.Pool.SendBatch(ctx, b), t0: t0, committed: d.committed}
 }
 
 type timedBatch struct {

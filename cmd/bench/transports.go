@@ -136,7 +136,7 @@ func (b *bench) natsRunner(ctx context.Context, w int, backlog int64) (*sample, 
 	}
 	defer cleanup()
 	win := newWindow(backlog)
-	inbox, err := dedupe.New(timedDB{DB: b.pool, committed: func(d time.Duration) { win.lat.add(d); win.add(1) }}, b.inbox.Config())
+	inbox, err := dedupe.New(timedDB{Pool: b.pool, committed: func(d time.Duration) { win.lat.add(d); win.add(1) }}, b.inbox.Config())
 	if err != nil {
 		return nil, err
 	}

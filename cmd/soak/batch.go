@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/dedupe"
 )
@@ -60,7 +61,7 @@ func claimAndApply(ctx context.Context, e *env, inbox *dedupe.Inbox, ds []delive
 	for i, d := range ds {
 		keys[i] = dedupe.Key{Scope: e.scope, ID: d.id}
 	}
-	return pgx.BeginFunc(ctx, inbox.DB(), func(tx pgx.Tx) error {
+	return pgx.BeginFunc(ctx, inbox.DB().(*pgxpool.Pool), func(tx pgx.Tx) error {
 		claims, err := inbox.ClaimBatch(ctx, tx, keys)
 		if err != nil {
 			return err

@@ -162,7 +162,7 @@ func (p *leasedProcessor) process(ctx context.Context, d delivery, inTx func()) 
 		p.redeliver(d.id)
 		p.awaitTakeover(ctx, c)
 	}
-	err = pgx.BeginFunc(ctx, p.inbox.DB(), func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, p.inbox.DB().(*pgxpool.Pool), func(tx pgx.Tx) error {
 		if err := effect(ctx, tx, p.e.name, d.id); err != nil {
 			return err
 		}

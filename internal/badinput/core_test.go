@@ -173,7 +173,7 @@ func TestConfigRefusals(t *testing.T) {
 			return err
 		}, "inbox"},
 		{"NewConsumer with nil handler", func() error {
-			_, err := dedupe.NewConsumer(e.inbox, dedupe.ConsumerConfig[string]{Scope: "s", Key: key}, nil)
+			_, err := dedupe.NewConsumer(e.inbox, dedupe.ConsumerConfig[string]{Scope: "s", Key: key}, dedupe.HandlerFunc[string](nil))
 			return err
 		}, "handler"},
 		{"NewConsumer without Key", func() error {

@@ -30,7 +30,9 @@ func New(t testing.TB) (*dbtest.DB, *dedupe.Outbox) {
 
 // Enqueue enqueues msgs in ob in one transaction on db, commits it and
 // returns the messages' IDs in order.
-func Enqueue(t testing.TB, db dedupe.DB, ob *dedupe.Outbox, msgs ...dedupe.Message) []string {
+func Enqueue(t testing.TB, db interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}, ob *dedupe.Outbox, msgs ...dedupe.Message) []string {
 	t.Helper()
 	ctx := context.Background()
 	ids := make([]string, 0, len(msgs))

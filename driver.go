@@ -1,0 +1,181 @@
+package dedupe
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"reflect"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// driver is the seam between the core and a database client library: the
+// core builds every statement (the SQL lives in sql.go) and runs it through
+// a Querier; a driver adds only what a Querier cannot say: how a
+// transaction begins with statements queued behind BEGIN, what the handler
+// receives as its transaction, and whether LISTEN is available. pgxDriver is
+// the default; sqlDriver serves database/sql (SQL).
+type driver interface {
+	Querier
+	// begin begins a transaction with opts and runs b's statements in it.
+	// pgx sends BEGIN and b in one round trip; database/sql runs them one
+	// after the other. On error nothing stays open.
+	begin(ctx context.Context, opts pgx.TxOptions, b *pgx.Batch) (txConn, error)
+	// txType is the type of transaction this driver's handlers receive.
+	txType() reflect.Type
+	// listenPool is the pool whose configuration LISTEN connections copy,
+	// nil when the driver cannot LISTEN.
+	listenPool() *pgxpool.Pool
+}
+
+// txConn is a transaction begun by a driver.
+type txConn interface {
+	Querier
+	Commit(ctx context.Context) error
+	Rollback(ctx context.Context) error
+	// handlerTx is what a handler receives: a guarded pgx.Tx, or *sql.Tx.
+	handlerTx() any
+	// status is 'T' in a transaction, 'E' in a failed one, 'I' after its
+	// end, as far as the driver can tell without a round trip.
+	status() byte
+	// ended reports whether the handler ended the transaction itself.
+	ended() bool
+}
+
+// newDriver returns the driver for db: a database/sql handle wrapped with
+// SQL, or a pgx pool or connection.
+func newDriver(db DB) (driver, error) {
+	switch d := db.(type) {
+	case nil:
+		return nil, &ConfigError{Field: "db", Reason: "must not be nil"}
+	case *sqlDB:
+		return d, nil
+	case pgxDB:
+		return pgxDriver{d}, nil
+	}
+	return nil, &ConfigError{Field: "db", Reason: fmt.Sprintf("%T is neither a pgx pool or connection nor a database/sql handle wrapped with dedupe.SQL", db)}
+}
+
+// pgxDB is a pgx pool or connection (*pgxpool.Pool, *pgx.Conn).
+type pgxDB interface {
+	Querier
+	Begin(ctx context.Context) (pgx.Tx, error)
+	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// pgxDriver is the driver of a pgx pool or connection.
+type pgxDriver struct{ pgxDB }
+
+var pgxTxType = reflect.TypeFor[pgx.Tx]()
+
+func (d pgxDriver) txType() reflect.Type { return pgxTxType }
+
+func (d pgxDriver) listenPool() *pgxpool.Pool {
+	p, _ := d.pgxDB.(*pgxpool.Pool)
+	return p
+}
+
+func (d pgxDriver) begin(ctx context.Context, opts pgx.TxOptions, b *pgx.Batch) (txConn, error) {
+	if b == nil || b.Len() == 0 {
+		tx, err := d.BeginTx(ctx, opts)
+		if err != nil {
+			return nil, err
+		}
+		return &pgxTx{Tx: tx, g: newGuard(tx)}, nil
+	}
+	nb := &pgx.Batch{}
+	nb.BeginTx(opts)
+	nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries...)
+	br := d.SendBatch(ctx, nb)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return &pgxTx{Tx: tx, g: newGuard(tx)}, nil
+}
+
+// pgxTx is a pgx transaction; its handler receives it guarded.
+type pgxTx struct {
+	pgx.Tx
+	g *guardedTx
+}
+
+func (t *pgxTx) handlerTx() any { return t.g }
+func (t *pgxTx) status() byte   { return t.g.Status() }
+func (t *pgxTx) ended() bool    { return t.g.Ended() }
+
+// sendBatch runs b's statements on q: in one round trip when q is a pgx
+// pool, connection or transaction, else one after the other.
+func sendBatch(ctx context.Context, q Querier, b *pgx.Batch) error {
+	if s, ok := q.(interface {
+		SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	}); ok {
+		return s.SendBatch(ctx, b).Close()
+	}
+	for _, qq := range b.QueuedQueries {
+		if qq.Fn == nil {
+			if _, err := q.Exec(ctx, qq.SQL, qq.Arguments...); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := qq.Fn(&seqResults{ctx: ctx, q: q, qq: qq}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// seqResults are the results of one queued statement run on its own, for a
+// QueuedQuery's callback.
+type seqResults struct {
+	ctx context.Context
+	q   Querier
+	qq  *pgx.QueuedQuery
+}
+
+func (r *seqResults) Exec() (pgconn.CommandTag, error) {
+	return r.q.Exec(r.ctx, r.qq.SQL, r.qq.Arguments...)
+}
+func (r *seqResults) Query() (pgx.Rows, error) { return r.q.Query(r.ctx, r.qq.SQL, r.qq.Arguments...) }
+func (r *seqResults) QueryRow() pgx.Row        { return r.q.QueryRow(r.ctx, r.qq.SQL, r.qq.Arguments...) }
+func (r *seqResults) Close() error             { return nil }
+func (r *seqResults) Tx() pgx.Tx               { return nil }
+
+// errWrongTx is a handler whose transaction type is not its inbox's.
+func errWrongTx[TTx any](d driver) error {
+	return &ConfigError{Field: "handler", Reason: fmt.Sprintf("takes a %v but the inbox's driver gives its handlers a %v",
+		reflect.TypeFor[TTx](), d.txType())}
+}
+
+// eraseTx checks that TTx is the transaction type of d's handlers and
+// returns h over the driver's handler transaction.
+func eraseTx[TTx, M any](d driver, h func(ctx context.Context, tx TTx, msg M) error) (func(context.Context, any, M) error, error) {
+	if reflect.TypeFor[TTx]() != d.txType() {
+		return nil, errWrongTx[TTx](d)
+	}
+	return func(ctx context.Context, tx any, msg M) error { return h(ctx, tx.(TTx), msg) }, nil
+}
+
+// isTxDone reports an error of a transaction that was already ended.
+func isTxDone(err error) bool {
+	return errors.Is(err, pgx.ErrTxClosed) || errors.Is(err, sql.ErrTxDone)
+}
+
+// inTx runs f in a transaction of d and commits it when f returns nil.
+func inTx(ctx context.Context, d driver, f func(tx Querier) error) error {
+	tx, err := d.begin(ctx, pgx.TxOptions{}, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	if err := f(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}

@@ -1,0 +1,93 @@
+package drivertest_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
+	_ "github.com/lib/pq"              // database/sql driver "postgres"
+
+	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
+)
+
+func TestMain(m *testing.M) { dbtest.VerifyTestMain(m) }
+
+// kit is one driver as the contract sees it: how to open the inbox's DB on
+// a URL, and what a handler does with the driver's transaction.
+type kit[TTx any] struct {
+	name string
+	// open returns the DB of url, closed when the test ends.
+	open func(t testing.TB, url string) dedupe.DB
+	// exec runs a statement in the handler's transaction.
+	exec func(ctx context.Context, tx TTx, sql string, args ...any) error
+	// begin begins a transaction of db the caller ends, for the calls that
+	// join the caller's transaction (Claim, ClaimBatch, Enqueue).
+	begin func(ctx context.Context, db dedupe.DB) (TTx, error)
+	// querier is tx as those calls take it.
+	querier func(tx TTx) dedupe.Querier
+	commit  func(ctx context.Context, tx TTx) error
+	// rollback ends tx without committing.
+	rollback func(ctx context.Context, tx TTx) error
+}
+
+var pgxKit = kit[pgx.Tx]{
+	name: "pgx",
+	open: func(t testing.TB, url string) dedupe.DB {
+		pool, err := pgxpool.New(context.Background(), url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		return pool
+	},
+	exec: func(ctx context.Context, tx pgx.Tx, sql string, args ...any) error {
+		_, err := tx.Exec(ctx, sql, args...)
+		return err
+	},
+	begin: func(ctx context.Context, db dedupe.DB) (pgx.Tx, error) {
+		return db.(*pgxpool.Pool).Begin(ctx)
+	},
+	querier:  func(tx pgx.Tx) dedupe.Querier { return tx },
+	commit:   func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
+	rollback: func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
+}
+
+// sqlKit is database/sql over the named driver.
+func sqlKit(driverName string) kit[*sql.Tx] {
+	var handles = map[dedupe.DB]*sql.DB{}
+	return kit[*sql.Tx]{
+		name: "database/sql+" + driverName,
+		open: func(t testing.TB, url string) dedupe.DB {
+			db, err := sql.Open(driverName, url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			db.SetMaxOpenConns(16)
+			t.Cleanup(func() { _ = db.Close() })
+			d := dedupe.SQL(db)
+			handles[d] = db
+			return d
+		},
+		exec: func(ctx context.Context, tx *sql.Tx, sql string, args ...any) error {
+			_, err := tx.ExecContext(ctx, sql, args...)
+			return err
+		},
+		begin: func(ctx context.Context, db dedupe.DB) (*sql.Tx, error) {
+			return handles[db].BeginTx(ctx, nil)
+		},
+		querier:  dedupe.SQLTx,
+		commit:   func(_ context.Context, tx *sql.Tx) error { return tx.Commit() },
+		rollback: func(_ context.Context, tx *sql.Tx) error { return tx.Rollback() },
+	}
+}
+
+// TestContract runs the contract against each driver.
+func TestContract(t *testing.T) {
+	t.Run("pgx", func(t *testing.T) { t.Parallel(); contract(t, pgxKit) })
+	t.Run("database-sql-pgx-stdlib", func(t *testing.T) { t.Parallel(); contract(t, sqlKit("pgx")) })
+	t.Run("database-sql-lib-pq", func(t *testing.T) { t.Parallel(); contract(t, sqlKit("postgres")) })
+}

@@ -1,0 +1,376 @@
+package dedupe
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// SQL wraps a database/sql handle to PostgreSQL (over pgx's stdlib, lib/pq or
+// any driver that speaks PostgreSQL's SQL) as the DB of an Inbox or Outbox,
+// for applications built on database/sql (GORM, Bun, sqlx, sqlc): handlers
+// then receive a *sql.Tx (see TxHandlerFunc), and the guarantees are the
+// same as with pgx.
+//
+// What database/sql cannot do costs round trips, never correctness: BEGIN,
+// the claim and the read of an existing key are sent one after the other
+// (pgx sends them together), and the Relay cannot LISTEN, so it polls
+// (RelayConfig.PollInterval). A handler's *sql.Tx cannot be guarded: a
+// handler that commits or rolls back itself gets ErrTxEnded from Handle,
+// and its message is redelivered (and found complete if it committed).
+func SQL(db *sql.DB) DB { return &sqlDB{sqlQuerier: sqlQuerier{db}, db: db} }
+
+// SQLTx wraps a database/sql transaction for the calls that join the
+// caller's transaction: Inbox.Claim, ClaimBatch, StoreResultTx, CompleteTx
+// and Outbox.Enqueue.
+func SQLTx(tx *sql.Tx) Querier { return sqlQuerier{tx} }
+
+// sqlDB is the database/sql driver.
+type sqlDB struct {
+	sqlQuerier
+	db *sql.DB
+}
+
+var sqlTxType = reflect.TypeFor[*sql.Tx]()
+
+func (d *sqlDB) txType() reflect.Type      { return sqlTxType }
+func (d *sqlDB) listenPool() *pgxpool.Pool { return nil }
+
+func (d *sqlDB) begin(ctx context.Context, opts pgx.TxOptions, b *pgx.Batch) (txConn, error) {
+	so := &sql.TxOptions{ReadOnly: opts.AccessMode == pgx.ReadOnly}
+	switch opts.IsoLevel {
+	case pgx.Serializable:
+		so.Isolation = sql.LevelSerializable
+	case pgx.RepeatableRead:
+		so.Isolation = sql.LevelRepeatableRead
+	case pgx.ReadCommitted:
+		so.Isolation = sql.LevelReadCommitted
+	case pgx.ReadUncommitted:
+		so.Isolation = sql.LevelReadUncommitted
+	}
+	tx, err := d.db.BeginTx(ctx, so)
+	if err != nil {
+		return nil, err
+	}
+	t := &sqlTx{sqlQuerier: sqlQuerier{tx}, tx: tx}
+	if opts.DeferrableMode == pgx.Deferrable {
+		if _, err := t.Exec(ctx, "SET TRANSACTION DEFERRABLE"); err != nil {
+			_ = tx.Rollback()
+			return nil, err
+		}
+	}
+	if b != nil {
+		if err := sendBatch(ctx, t, b); err != nil {
+			_ = tx.Rollback()
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// sqlTx is a database/sql transaction; its handler receives the *sql.Tx.
+type sqlTx struct {
+	sqlQuerier
+	tx *sql.Tx
+}
+
+func (t *sqlTx) Commit(context.Context) error   { return t.tx.Commit() }
+func (t *sqlTx) Rollback(context.Context) error { return t.tx.Rollback() }
+func (t *sqlTx) handlerTx() any                 { return t.tx }
+
+// status cannot be read without a round trip: an ended or failed
+// transaction shows when the next statement or the COMMIT is refused.
+func (t *sqlTx) status() byte { return 'T' }
+
+// ended cannot be known in advance either: the next statement is refused
+// with sql.ErrTxDone (isTxDone), and the caller then acts as if it knew.
+func (t *sqlTx) ended() bool { return false }
+
+// sqlRunner is what *sql.DB, *sql.Conn and *sql.Tx share.
+type sqlRunner interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// sqlQuerier runs the core's statements through database/sql: arguments
+// pgx would encode itself (durations, arrays) are sent as PostgreSQL text,
+// and intervals are read back from text.
+type sqlQuerier struct{ r sqlRunner }
+
+func (q sqlQuerier) Exec(ctx context.Context, query string, args ...any) (pgconn.CommandTag, error) {
+	res, err := q.r.ExecContext(ctx, query, sqlArgs(args)...)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return pgconn.NewCommandTag("EXEC " + strconv.FormatInt(n, 10)), nil
+}
+
+func (q sqlQuerier) Query(ctx context.Context, query string, args ...any) (pgx.Rows, error) {
+	rows, err := q.r.QueryContext(ctx, query, sqlArgs(args)...)
+	if err != nil {
+		return nil, err
+	}
+	return &sqlRows{rows: rows}, nil
+}
+
+func (q sqlQuerier) QueryRow(ctx context.Context, query string, args ...any) pgx.Row {
+	return sqlRow{q.r.QueryRowContext(ctx, query, sqlArgs(args)...)}
+}
+
+// errSQLNoRows is sql.ErrNoRows that is also pgx.ErrNoRows.
+var errSQLNoRows = fmt.Errorf("%w (%w)", pgx.ErrNoRows, sql.ErrNoRows)
+
+type sqlRow struct{ row *sql.Row }
+
+func (r sqlRow) Scan(dest ...any) error {
+	err := r.row.Scan(sqlDest(dest)...)
+	if errors.Is(err, sql.ErrNoRows) {
+		return errSQLNoRows
+	}
+	return err
+}
+
+// sqlRows are *sql.Rows as pgx.Rows, for the core's loops over rows.
+type sqlRows struct {
+	rows *sql.Rows
+	err  error
+}
+
+func (r *sqlRows) Close()                                       { _ = r.rows.Close() }
+func (r *sqlRows) Err() error                                   { return errors.Join(r.err, r.rows.Err()) }
+func (r *sqlRows) CommandTag() pgconn.CommandTag                { return pgconn.CommandTag{} }
+func (r *sqlRows) FieldDescriptions() []pgconn.FieldDescription { return nil }
+func (r *sqlRows) Next() bool                                   { return r.err == nil && r.rows.Next() }
+func (r *sqlRows) RawValues() [][]byte                          { return nil }
+func (r *sqlRows) Conn() *pgx.Conn                              { return nil }
+func (r *sqlRows) TypeMap() *pgtype.Map                         { return sqlTypeMap }
+
+// sqlTypeMap is the pgtype.Map sqlRows report; nothing of the core uses it.
+var sqlTypeMap = pgtype.NewMap()
+
+func (r *sqlRows) Scan(dest ...any) error {
+	if err := r.rows.Scan(sqlDest(dest)...); err != nil {
+		r.err = err
+		return err
+	}
+	return nil
+}
+
+func (r *sqlRows) Values() ([]any, error) {
+	cols, err := r.rows.Columns()
+	if err != nil {
+		return nil, err
+	}
+	vals := make([]any, len(cols))
+	dest := make([]any, len(cols))
+	for n := range vals {
+		dest[n] = &vals[n]
+	}
+	return vals, r.rows.Scan(dest...)
+}
+
+// sqlArgs converts the arguments database/sql drivers do not all take:
+// durations become intervals, slices arrays, both as PostgreSQL text.
+func sqlArgs(args []any) []any {
+	var out []any
+	for n, a := range args {
+		var c any
+		switch v := a.(type) {
+		case time.Duration:
+			c = strconv.FormatInt(v.Microseconds(), 10) + " microseconds"
+		case []string:
+			c = arrayText(len(v), func(b *strings.Builder, j int) { quoteElem(b, v[j]) })
+		case []int64:
+			c = arrayText(len(v), func(b *strings.Builder, j int) { b.WriteString(strconv.FormatInt(v[j], 10)) })
+		case [][]byte:
+			c = arrayText(len(v), func(b *strings.Builder, j int) {
+				if v[j] == nil {
+					b.WriteString("NULL")
+					return
+				}
+				fmt.Fprintf(b, `"\\x%x"`, v[j])
+			})
+		default:
+			if out != nil {
+				out[n] = a
+			}
+			continue
+		}
+		if out == nil {
+			out = append(make([]any, 0, len(args)), args...)
+		}
+		out[n] = c
+	}
+	if out == nil {
+		return args
+	}
+	return out
+}
+
+// arrayText writes an array literal of n elements.
+func arrayText(n int, elem func(b *strings.Builder, j int)) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for j := range n {
+		if j > 0 {
+			b.WriteByte(',')
+		}
+		elem(&b, j)
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+// quoteElem writes s as a double-quoted array element.
+func quoteElem(b *strings.Builder, s string) {
+	b.WriteByte('"')
+	for _, r := range s {
+		if r == '"' || r == '\\' {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	b.WriteByte('"')
+}
+
+// sqlDest replaces the destinations database/sql cannot fill from
+// PostgreSQL's text (intervals into durations).
+func sqlDest(dest []any) []any {
+	var out []any
+	for n, d := range dest {
+		var c any
+		switch p := d.(type) {
+		case *time.Duration:
+			c = &intervalDest{d: p}
+		case **time.Duration:
+			c = &intervalDest{pd: p}
+		default:
+			continue
+		}
+		if out == nil {
+			out = append(make([]any, 0, len(dest)), dest...)
+		}
+		out[n] = c
+	}
+	if out == nil {
+		return dest
+	}
+	return out
+}
+
+// intervalDest scans an interval in PostgreSQL's text form into a
+// time.Duration (d) or a *time.Duration that is nil for NULL (pd).
+type intervalDest struct {
+	d  *time.Duration
+	pd **time.Duration
+}
+
+func (i *intervalDest) Scan(src any) error {
+	var s string
+	switch v := src.(type) {
+	case nil:
+		if i.pd == nil {
+			return errors.New("dedupe: NULL interval")
+		}
+		*i.pd = nil
+		return nil
+	case string:
+		s = v
+	case []byte:
+		s = string(v)
+	case time.Duration:
+		return i.set(v)
+	case int64:
+		return i.set(time.Duration(v) * time.Microsecond)
+	default:
+		return fmt.Errorf("dedupe: cannot read an interval from %T", src)
+	}
+	d, err := parseInterval(s)
+	if err != nil {
+		return err
+	}
+	return i.set(d)
+}
+
+func (i *intervalDest) set(d time.Duration) error {
+	if i.pd != nil {
+		*i.pd = &d
+	} else {
+		*i.d = d
+	}
+	return nil
+}
+
+// parseInterval parses PostgreSQL's default interval output ("1 year 2 mons
+// 3 days 04:05:06.789", each part optional, parts signed), with a month as
+// 30 days and a year as 12 months, as PostgreSQL's own arithmetic counts.
+func parseInterval(s string) (time.Duration, error) {
+	var d time.Duration
+	f := strings.Fields(s)
+	for n := 0; n < len(f); n++ {
+		if strings.Contains(f[n], ":") {
+			t, err := parseClock(f[n])
+			if err != nil {
+				return 0, fmt.Errorf("dedupe: interval %q: %w", s, err)
+			}
+			d += t
+			continue
+		}
+		if n+1 >= len(f) {
+			return 0, fmt.Errorf("dedupe: interval %q: unit missing", s)
+		}
+		v, err := strconv.ParseInt(f[n], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("dedupe: interval %q: %w", s, err)
+		}
+		n++
+		day := time.Duration(v) * 24 * time.Hour
+		switch strings.TrimSuffix(f[n], "s") {
+		case "year":
+			d += 360 * day
+		case "mon":
+			d += 30 * day
+		case "day":
+			d += day
+		default:
+			return 0, fmt.Errorf("dedupe: interval %q: unit %q", s, f[n])
+		}
+	}
+	return d, nil
+}
+
+// parseClock parses [-]HH:MM:SS[.ffffff].
+func parseClock(s string) (time.Duration, error) {
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimLeft(s, "+-")
+	parts := strings.Split(s, ":")
+	if len(parts) != 3 {
+		return 0, fmt.Errorf("time %q", s)
+	}
+	h, err1 := strconv.ParseInt(parts[0], 10, 64)
+	m, err2 := strconv.ParseInt(parts[1], 10, 64)
+	sec, err3 := strconv.ParseFloat(parts[2], 64)
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return 0, err
+	}
+	d := time.Duration(h)*time.Hour + time.Duration(m)*time.Minute + time.Duration(sec*float64(time.Second)+0.5)
+	if neg {
+		d = -d
+	}
+	return d, nil
+}
