@@ -240,7 +240,7 @@ func (c *Consumer[M]) attemptClaim(ctx context.Context, key Key, msg M, cp **Cla
 	inbox := c.inbox
 	req := inbox.newClaimReq(key, StateComplete, c.maxAttempts)
 	b := c.beginBatch()
-	round := inbox.queueClaim(b, req, true)
+	round := inbox.queueClaim(b, req, readPeek)
 	b.Queue(sqlSavepoint)
 	sent := time.Now()
 	tx, err := c.begin(ctx, b)
