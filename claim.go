@@ -31,7 +31,10 @@ func (i *Inbox) Claim(ctx context.Context, tx Querier, key Key) (*Claim, error) 
 	}
 	req := i.newClaimReq(key, StateComplete, i.cfg.maxAttemptsParam())
 	b := &pgx.Batch{}
-	round := i.queueClaim(b, req, false)
+	// The token is new: a row holding it can only be this insert's own,
+	// which the insert returns, so the read skips it (a new key reads and
+	// returns no row).
+	round := i.queueClaim(b, req, readOthers)
 	sent := time.Now()
 	if err := sendBatch(ctx, tx, b); err != nil {
 		return nil, translate(err)
@@ -115,14 +118,29 @@ type claimRound struct {
 	// allocation; rec points at peeked when it found a row.
 	peeked      Record
 	peekedState string
+	// read holds what a full read scanned, in the round's own allocation.
+	read recordDest
 }
+
+// claimRead is what queueClaim reads behind the insert.
+type claimRead int
+
+const (
+	// readAll reads the whole row, whoever's it is: a retry of a claim
+	// whose reply was lost (the same token) finds its own row.
+	readAll claimRead = iota
+	// readOthers reads the whole row unless it holds the claim's token,
+	// for a claim whose token is new: its own row is the insert's.
+	readOthers
+	// readPeek reads only what classifies the key (no stored result), unless
+	// the row holds the claim's token.
+	readPeek
+)
 
 // queueClaim queues the claim's insert and, behind it, the read of the key,
 // so that a key that exists is classified without another round trip. The
-// results land in the returned round when the batch is closed. A peek reads
-// only what classifies the key (no stored result) and skips the claim's own
-// row.
-func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq, peek bool) *claimRound {
+// results land in the returned round when the batch is closed.
+func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq, read claimRead) *claimRound {
 	round := &claimRound{}
 	args := i.claimArgs(r)
 	b.Queue(i.q.claimInsert, args...).QueryRow(func(row pgx.Row) error {
@@ -133,7 +151,7 @@ func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq, peek bool) *claimRound {
 		round.inserted = err == nil
 		return err
 	})
-	if peek {
+	if read == readPeek {
 		// The peek reuses the claim's arguments: no conversion twice.
 		b.Queue(i.q.peek, args[claimArgNow], args[claimArgScope], args[claimArgKey], args[claimArgToken]).QueryRow(func(row pgx.Row) error {
 			rec := &round.peeked
@@ -148,11 +166,21 @@ func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq, peek bool) *claimRound {
 		})
 		return round
 	}
-	b.Queue(i.q.lookup, args[claimArgNow], args[claimArgScope], args[claimArgKey]).QueryRow(func(row pgx.Row) error {
-		rec, err := scanRecord(row)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
+	var q *pgx.QueuedQuery
+	if read == readOthers {
+		q = b.Queue(i.q.lookupOther, args[claimArgNow], args[claimArgScope], args[claimArgKey], args[claimArgToken])
+	} else {
+		q = b.Queue(i.q.lookup, args[claimArgNow], args[claimArgScope], args[claimArgKey])
+	}
+	q.QueryRow(func(row pgx.Row) error {
+		d := &round.read
+		if err := row.Scan(d.dest()...); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			return err
 		}
+		rec, err := d.record()
 		round.rec = rec
 		return err
 	})

@@ -29,7 +29,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -380,36 +382,50 @@ type Record struct {
 
 // scanRecord scans recordColumns.
 func scanRecord(row pgx.Row) (*Record, error) {
-	var (
-		r       Record
-		state   string
-		status  *int32
-		headers []byte
-		body    []byte
-		lastErr *string
-	)
-	dest := []any{&r.Key.Scope, &r.Key.ID, &state, &r.Key.Fingerprint, &r.Attempts, &r.Token,
-		&r.LockedUntil, &status, &headers, &body, &lastErr, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt, &r.ReadAt}
-	if err := row.Scan(dest...); err != nil {
+	d := &recordDest{}
+	if err := row.Scan(d.dest()...); err != nil {
 		return nil, err
 	}
-	r.State = State(state)
-	if lastErr != nil {
-		r.LastError = *lastErr
+	return d.record()
+}
+
+// recordDest holds the columns of a scanned row (recordColumns) in one
+// allocation, until record turns them into its Record.
+type recordDest struct {
+	rec     Record
+	state   string
+	status  *int32
+	headers []byte
+	body    []byte
+	lastErr *string
+}
+
+func (d *recordDest) dest() []any {
+	r := &d.rec
+	return []any{&r.Key.Scope, &r.Key.ID, &d.state, &r.Key.Fingerprint, &r.Attempts, &r.Token,
+		&r.LockedUntil, &d.status, &d.headers, &d.body, &d.lastErr, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt, &r.ReadAt}
+}
+
+// record returns the scanned row's Record.
+func (d *recordDest) record() (*Record, error) {
+	r := &d.rec
+	r.State = State(d.state)
+	if d.lastErr != nil {
+		r.LastError = *d.lastErr
 	}
-	if status != nil || body != nil || headers != nil {
-		res := &Result{Body: body}
-		if status != nil {
-			res.Status = int(*status)
+	if d.status != nil || d.body != nil || d.headers != nil {
+		res := &Result{Body: d.body}
+		if d.status != nil {
+			res.Status = int(*d.status)
 		}
-		if headers != nil {
-			if err := json.Unmarshal(headers, &res.Headers); err != nil {
+		if d.headers != nil {
+			if err := json.Unmarshal(d.headers, &res.Headers); err != nil {
 				return nil, fmt.Errorf("dedupe: decode stored headers: %w", err)
 			}
 		}
 		r.Result = res
 	}
-	return &r, nil
+	return r, nil
 }
 
 // Lookup returns the stored row of key, or ErrNotFound.
@@ -428,10 +444,97 @@ func (i *Inbox) lookup(ctx context.Context, q Querier, key Key) (*Record, error)
 	return rec, translate(err)
 }
 
-// headersJSON encodes result headers for the jsonb column.
+// headersJSON encodes result headers for the jsonb column: what
+// json.Marshal returns for h, byte for byte, in one allocation instead of
+// json.Marshal's reflection over the map.
 func headersJSON(h map[string][]string) ([]byte, error) {
 	if h == nil {
 		return nil, nil
 	}
-	return json.Marshal(h)
+	names := make([]string, 0, 16)
+	size := 2
+	for name, vals := range h {
+		names = append(names, name)
+		size += len(name) + 6
+		for _, v := range vals {
+			size += len(v) + 3
+		}
+	}
+	slices.Sort(names)
+	b := make([]byte, 0, size)
+	b = append(b, '{')
+	for i, name := range names {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, name)
+		b = append(b, ':')
+		vals := h[name]
+		if vals == nil {
+			b = append(b, "null"...)
+			continue
+		}
+		b = append(b, '[')
+		for j, v := range vals {
+			if j > 0 {
+				b = append(b, ',')
+			}
+			b = appendJSONString(b, v)
+		}
+		b = append(b, ']')
+	}
+	return append(b, '}'), nil
+}
+
+// appendJSONString appends s as a JSON string, escaped as encoding/json
+// escapes it: control characters, quotes and backslashes, <, > and &, U+2028
+// and U+2029, and invalid UTF-8 as U+FFFD.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\b':
+				b = append(b, '\\', 'b')
+			case '\f':
+				b = append(b, '\\', 'f')
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xf])
+		default:
+			i += n
+			continue
+		}
+		i += n
+		start = i
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
 }

@@ -51,7 +51,7 @@ func newDriver(db DB) (driver, error) {
 	switch d := db.(type) {
 	case nil:
 		return nil, &ConfigError{Field: "db", Reason: "must not be nil"}
-	case *sqlDB:
+	case *SQLDB:
 		return d, nil
 	case pgxDB:
 		return pgxDriver{d}, nil

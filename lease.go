@@ -60,7 +60,7 @@ func (i *Inbox) begin(ctx context.Context, key Key, req *claimReq) (*Claim, erro
 	var c *Claim
 	err := i.idempotent(ctx, "Begin", key, func() error {
 		b := &pgx.Batch{}
-		round := i.queueClaim(b, req, false)
+		round := i.queueClaim(b, req, readAll)
 		sent := time.Now()
 		if err := sendBatch(ctx, i.db, b); err != nil {
 			return translate(err)

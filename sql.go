@@ -117,6 +117,11 @@ ORDER BY u.ord
 // sqlLookup reads one row. $2 scope, $3 key.
 const sqlLookup = `SELECT ` + recordColumns + ` FROM {{inbox}} WHERE scope = $2 AND key = $3`
 
+// sqlLookupOther is sqlLookup that skips the row of the claim queued before
+// it ($4, its token): a transactional claim with a new token reads another
+// transaction's row or none, never its own insert again. $2 scope, $3 key.
+const sqlLookupOther = sqlLookup + ` AND token <> $4`
+
 // sqlPeek is the read the consumer queues behind its claim insert: only
 // what classifies an existing key (no stored result, which Handle does not
 // return), and no row at all for the key this claim just inserted (its own
@@ -281,7 +286,7 @@ const sqlLockTimeout = `SELECT set_config('lock_timeout', $1, true)`
 type queries struct {
 	claimInsert, claim, claimBatch, claimBatchScope, lookup, lookupBatch, recordFailure, storeResult string
 	complete, fail, failTx, extend, release, releaseIdle, purge, stats, resolve                      string
-	releaseToken, unclaimNew, unclaimTaken, peek                                                     string
+	releaseToken, unclaimNew, unclaimTaken, peek, lookupOther                                        string
 }
 
 func newQueries(table string) queries {
@@ -308,5 +313,6 @@ func newQueries(table string) queries {
 		unclaimNew:      r.Replace(sqlUnclaimNew),
 		unclaimTaken:    r.Replace(sqlUnclaimTaken),
 		peek:            r.Replace(sqlPeek),
+		lookupOther:     r.Replace(sqlLookupOther),
 	}
 }

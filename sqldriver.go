@@ -28,25 +28,30 @@ import (
 // (RelayConfig.PollInterval). A handler's *sql.Tx cannot be guarded: a
 // handler that commits or rolls back itself gets ErrTxEnded from Handle,
 // and its message is redelivered (and found complete if it committed).
-func SQL(db *sql.DB) DB { return &sqlDB{sqlQuerier: sqlQuerier{db}, db: db} }
+func SQL(db *sql.DB) *SQLDB { return &SQLDB{sqlQuerier: sqlQuerier{db}, db: db} }
 
 // SQLTx wraps a database/sql transaction for the calls that join the
 // caller's transaction: Inbox.Claim, ClaimBatch, StoreResultTx, CompleteTx
 // and Outbox.Enqueue.
 func SQLTx(tx *sql.Tx) Querier { return sqlQuerier{tx} }
 
-// sqlDB is the database/sql driver.
-type sqlDB struct {
+// SQLDB is a database/sql handle as a DB: the database/sql driver. Build it
+// with SQL.
+type SQLDB struct {
 	sqlQuerier
 	db *sql.DB
 }
 
+// DB returns the wrapped handle, for packages built on the inbox that run
+// transactions of their own (httpidem).
+func (d *SQLDB) DB() *sql.DB { return d.db }
+
 var sqlTxType = reflect.TypeFor[*sql.Tx]()
 
-func (d *sqlDB) txType() reflect.Type      { return sqlTxType }
-func (d *sqlDB) listenPool() *pgxpool.Pool { return nil }
+func (d *SQLDB) txType() reflect.Type      { return sqlTxType }
+func (d *SQLDB) listenPool() *pgxpool.Pool { return nil }
 
-func (d *sqlDB) begin(ctx context.Context, opts pgx.TxOptions, b *pgx.Batch) (txConn, error) {
+func (d *SQLDB) begin(ctx context.Context, opts pgx.TxOptions, b *pgx.Batch) (txConn, error) {
 	so := &sql.TxOptions{ReadOnly: opts.AccessMode == pgx.ReadOnly}
 	switch opts.IsoLevel {
 	case pgx.Serializable:
@@ -108,6 +113,7 @@ type sqlRunner interface {
 // and intervals are read back from text.
 type sqlQuerier struct{ r sqlRunner }
 
+// Exec runs a statement, with dedupe's argument conversions.
 func (q sqlQuerier) Exec(ctx context.Context, query string, args ...any) (pgconn.CommandTag, error) {
 	res, err := q.r.ExecContext(ctx, query, sqlArgs(args)...)
 	if err != nil {
@@ -120,6 +126,7 @@ func (q sqlQuerier) Exec(ctx context.Context, query string, args ...any) (pgconn
 	return pgconn.NewCommandTag("EXEC " + strconv.FormatInt(n, 10)), nil
 }
 
+// Query runs a query; its rows read intervals as durations.
 func (q sqlQuerier) Query(ctx context.Context, query string, args ...any) (pgx.Rows, error) {
 	rows, err := q.r.QueryContext(ctx, query, sqlArgs(args)...)
 	if err != nil {
@@ -128,6 +135,8 @@ func (q sqlQuerier) Query(ctx context.Context, query string, args ...any) (pgx.R
 	return &sqlRows{rows: rows}, nil
 }
 
+// QueryRow runs a query for one row; no row is pgx.ErrNoRows (and
+// sql.ErrNoRows).
 func (q sqlQuerier) QueryRow(ctx context.Context, query string, args ...any) pgx.Row {
 	return sqlRow{q.r.QueryRowContext(ctx, query, sqlArgs(args)...)}
 }

@@ -24,11 +24,13 @@ const claimRetries = 3
 // claim fail with dedupe.ErrInFlight after Config.LockTimeout.
 //
 // For OutcomeClaimed it returns the open transaction, with the savepoint
-// taken after the claim; for any other outcome, and on error, the
+// taken after the claim (under StoreServerErrors, the only policy that rolls
+// back to it); for any other outcome, and on error, the
 // transaction is already rolled back and tx is nil.
 func (m *Middleware) claimTx(ctx context.Context, key dedupe.Key) (tx pgx.Tx, claim *dedupe.Claim, err error) {
 	for try := 0; ; try++ {
-		p := &pipelinedTx{db: m.db, opts: m.cfg.TxOptions, lockTimeout: m.lockTimeout}
+		p := &pipelinedTx{db: m.db, opts: m.cfg.TxOptions, lockTimeout: m.lockTimeout,
+			savepoint: m.cfg.ServerErrors == StoreServerErrors}
 		claim, err = m.inbox.Claim(ctx, p, key)
 		if err == nil && claim.Outcome == dedupe.OutcomeClaimed {
 			if err = p.settle(ctx); err == nil {
@@ -65,6 +67,10 @@ type pipelinedTx struct {
 	db          pgxDB
 	opts        pgx.TxOptions
 	lockTimeout string
+	// savepoint is whether the savepoint is taken after the claim: only
+	// StoreServerErrors rolls back to it, to store a 5xx answer with the
+	// claim still held; RetryServerErrors rolls everything back.
+	savepoint bool
 
 	tx        pgx.Tx // nil until begun
 	pipelined bool   // the reset and the savepoint went with Claim's first batch
@@ -80,7 +86,9 @@ func (p *pipelinedTx) begin(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 	if b != nil {
 		nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries...)
 		nb.Queue(sqlRestoreLockTimeout)
-		nb.Queue(sqlSavepoint)
+		if p.savepoint {
+			nb.Queue(sqlSavepoint)
+		}
 		p.pipelined = true
 	}
 	br := p.db.SendBatch(ctx, nb)
@@ -110,7 +118,11 @@ func (p *pipelinedTx) settle(ctx context.Context) error {
 	if p.pipelined && p.later == 0 {
 		return nil
 	}
-	_, err := p.tx.Exec(ctx, sqlRestoreLockTimeout+"; "+sqlSavepoint)
+	sql := sqlRestoreLockTimeout
+	if p.savepoint {
+		sql += "; " + sqlSavepoint
+	}
+	_, err := p.tx.Exec(ctx, sql)
 	return err
 }
 

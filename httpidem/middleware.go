@@ -164,7 +164,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	key := dedupe.Key{Scope: tenant, ID: id, Fingerprint: m.cfg.Fingerprint(r, body)}
 	ctx, observed := m.observe(r.Context(), r, key)
-	r = r.WithContext(ctx)
+	if ctx != r.Context() { // without an Observer it is the same: no copy of r
+		r = r.WithContext(ctx)
+	}
 	var (
 		claim    *dedupe.Claim
 		tx       pgx.Tx
@@ -311,7 +313,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		// client went away, or the lease ran out): it is an artefact of the
 		// cancellation, not the operation's answer. Not stored; the retry
 		// executes.
-		s.log.InfoContext(s.ctx, "httpidem: response written after the request context ended; not stored, key released",
+		s.logger().InfoContext(s.ctx, "httpidem: response written after the request context ended; not stored, key released",
 			"status", rec.statusCode())
 		s.abandon(context.Cause(ctx))
 		rec.writeTo(w)

@@ -74,18 +74,20 @@ func (r *recorder) statusCode() int {
 }
 
 // result is what is stored with the key: the status, the selected headers
-// and the body (or no body when it was too large).
+// and the body (or no body when it was too large). It shares the recorder's
+// header values and body, which nothing changes once the handler returned:
+// the result is encoded when it is stored and not kept.
 func (r *recorder) result(stored []string) dedupe.Result {
-	res := dedupe.Result{Status: r.statusCode(), Headers: map[string][]string{}}
+	res := dedupe.Result{Status: r.statusCode(), Headers: make(map[string][]string, len(stored))}
 	for _, name := range stored {
 		if v := r.header.Values(name); len(v) > 0 {
-			res.Headers[name] = append([]string(nil), v...)
+			res.Headers[name] = v
 		}
 	}
 	if r.oversize {
 		res.Headers[BodyOmittedHeader] = []string{"true"}
 	} else {
-		res.Body = bytes.Clone(r.body.Bytes())
+		res.Body = r.body.Bytes()
 	}
 	return res
 }

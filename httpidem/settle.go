@@ -40,20 +40,28 @@ type settlement struct {
 	claim         *dedupe.Claim
 	tx            pgx.Tx // the request transaction, nil if none
 	status        txState
-	transactional bool // the claim is in tx
-	log           *slog.Logger
-	err           error // for the Observer: why the key was not settled with a stored answer (nil when it was)
+	transactional bool         // the claim is in tx
+	log           *slog.Logger // built by logger when first needed
+	err           error        // for the Observer: why the key was not settled with a stored answer (nil when it was)
 }
 
 func (m *Middleware) newSettlement(rctx context.Context, claim *dedupe.Claim, g *guardedTx) *settlement {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(rctx), settleTimeout)
-	s := &settlement{m: m, ctx: ctx, cancel: cancel, claim: claim, transactional: m.mode == Transactional,
-		log: m.cfg.Logger.With("key", claim.Key.String(), "mode", m.mode.String())}
+	s := &settlement{m: m, ctx: ctx, cancel: cancel, claim: claim, transactional: m.mode == Transactional}
 	if g != nil {
 		s.status = stateOf(g.Tx)
 		s.tx = g.End()
 	}
 	return s
+}
+
+// logger returns the settlement's logger, with the key and the mode. It is
+// built on first use: a request settled without a word logs nothing.
+func (s *settlement) logger() *slog.Logger {
+	if s.log == nil {
+		s.log = s.m.cfg.Logger.With("key", s.claim.Key.String(), "mode", s.m.mode.String())
+	}
+	return s.log
 }
 
 // stateOf reads tx's state from its connection, without a round trip.
@@ -90,14 +98,14 @@ func (s *settlement) complete(w http.ResponseWriter, r *http.Request, rec *recor
 	case err == nil:
 		rec.writeTo(w)
 	case errors.Is(err, dedupe.ErrLeaseLost):
-		s.log.WarnContext(s.ctx, "httpidem: lease lost; work rolled back", "err", err)
+		s.logger().WarnContext(s.ctx, "httpidem: lease lost; work rolled back", "err", err)
 		m.refuse(w, r, newError(http.StatusConflict, ErrLeaseLost, "", err))
 	case errors.Is(err, dedupe.ErrOutcomeUnknown):
-		s.log.ErrorContext(s.ctx, "httpidem: the reply to the request's commit was lost and its outcome could not be learnt", "err", err)
+		s.logger().ErrorContext(s.ctx, "httpidem: the reply to the request's commit was lost and its outcome could not be learnt", "err", err)
 		s.releaseLeased(err)
 		m.refuse(w, r, &Error{Status: http.StatusServiceUnavailable, Err: ErrOutcomeUnknown, Cause: err, RetryAfter: 1})
 	default:
-		s.log.ErrorContext(s.ctx, "httpidem: storing the response failed; nothing committed", "err", err)
+		s.logger().ErrorContext(s.ctx, "httpidem: storing the response failed; nothing committed", "err", err)
 		s.releaseLeased(err)
 		m.refuse(w, r, &Error{Status: http.StatusServiceUnavailable, Err: ErrStore, Detail: "nothing was committed", Cause: err, RetryAfter: 1})
 	}
@@ -148,9 +156,9 @@ func (s *settlement) serverError(w http.ResponseWriter, rec *recorder, cause err
 	switch {
 	case err == nil:
 	case errors.Is(err, dedupe.ErrOutcomeUnknown):
-		s.log.ErrorContext(s.ctx, "httpidem: the reply to the commit of the error response was lost and its outcome could not be learnt", "err", err)
+		s.logger().ErrorContext(s.ctx, "httpidem: the reply to the commit of the error response was lost and its outcome could not be learnt", "err", err)
 	default:
-		s.log.ErrorContext(s.ctx, "httpidem: storing the error response failed", "err", err)
+		s.logger().ErrorContext(s.ctx, "httpidem: storing the error response failed", "err", err)
 	}
 	rec.writeTo(w)
 }
@@ -169,14 +177,14 @@ func (s *settlement) ended(w http.ResponseWriter, r *http.Request) {
 	s.err = endedErr
 	if !s.transactional {
 		if broken {
-			s.log.ErrorContext(s.ctx, "httpidem: the request transaction's connection was lost; nothing committed")
+			s.logger().ErrorContext(s.ctx, "httpidem: the request transaction's connection was lost; nothing committed")
 			s.releaseLeased(errors.New("connection lost"))
 			m.refuse(w, r, &Error{Status: http.StatusServiceUnavailable, Err: ErrStore, Detail: "nothing was committed", RetryAfter: 1})
 			return
 		}
 		rec := newRecorder(context.Background(), m.cfg.MaxResponseBytes, false)
 		WriteError(rec, r, endedErr)
-		s.log.ErrorContext(s.ctx, "httpidem: the handler ended the request transaction itself")
+		s.logger().ErrorContext(s.ctx, "httpidem: the handler ended the request transaction itself")
 		s.serverError(w, rec, endedErr, false)
 		return
 	}
@@ -184,22 +192,22 @@ func (s *settlement) ended(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err != nil:
 		s.err = err // matches dedupe.ErrOutcomeUnknown
-		s.log.ErrorContext(s.ctx, "httpidem: the request transaction ended and whether it committed could not be learnt", "err", err)
+		s.logger().ErrorContext(s.ctx, "httpidem: the request transaction ended and whether it committed could not be learnt", "err", err)
 		m.refuse(w, r, &Error{Status: http.StatusServiceUnavailable, Err: ErrOutcomeUnknown, Cause: err, RetryAfter: 1})
 	case committed:
 		s.err = nil // settled: the key holds the 500 from now on
-		s.log.ErrorContext(s.ctx, "httpidem: the handler committed the request transaction itself; the key answers 500 from now on")
+		s.logger().ErrorContext(s.ctx, "httpidem: the handler committed the request transaction itself; the key answers 500 from now on")
 		rec := newRecorder(context.Background(), m.cfg.MaxResponseBytes, false)
 		WriteError(rec, r, endedErr)
 		if err := m.inbox.StoreResultTx(s.ctx, m.db, s.claim, rec.result(m.cfg.StoredHeaders)); err != nil {
-			s.log.ErrorContext(s.ctx, "httpidem: storing the error response failed", "err", err)
+			s.logger().ErrorContext(s.ctx, "httpidem: storing the error response failed", "err", err)
 		}
 		rec.writeTo(w)
 	case broken:
-		s.log.ErrorContext(s.ctx, "httpidem: the request transaction's connection was lost; nothing committed")
+		s.logger().ErrorContext(s.ctx, "httpidem: the request transaction's connection was lost; nothing committed")
 		m.refuse(w, r, &Error{Status: http.StatusServiceUnavailable, Err: ErrStore, Detail: "nothing was committed", RetryAfter: 1})
 	default:
-		s.log.ErrorContext(s.ctx, "httpidem: the handler rolled the request transaction back itself; nothing committed")
+		s.logger().ErrorContext(s.ctx, "httpidem: the handler rolled the request transaction back itself; nothing committed")
 		m.refuse(w, r, endedErr)
 	}
 }
@@ -220,7 +228,7 @@ func (s *settlement) releaseLeased(cause error) {
 		return
 	}
 	if _, err := s.m.inbox.Fail(s.ctx, s.claim, cause); err != nil && !errors.Is(err, dedupe.ErrLeaseLost) {
-		s.log.ErrorContext(s.ctx, "httpidem: releasing the key failed; it is held until its lease ends", "err", err)
+		s.logger().ErrorContext(s.ctx, "httpidem: releasing the key failed; it is held until its lease ends", "err", err)
 	}
 }
 

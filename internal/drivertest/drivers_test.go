@@ -3,6 +3,7 @@ package drivertest_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"sync"
 	"testing"
 
@@ -92,4 +93,33 @@ func TestContract(t *testing.T) {
 	t.Run("pgx", func(t *testing.T) { t.Parallel(); contract(t, pgxKit) })
 	t.Run("database-sql-pgx-stdlib", func(t *testing.T) { t.Parallel(); contract(t, sqlKit("pgx")) })
 	t.Run("database-sql-lib-pq", func(t *testing.T) { t.Parallel(); contract(t, sqlKit("postgres")) })
+}
+
+// TestHandlerOfTheOtherDriverIsRefused: a handler's transaction type must be
+// its inbox driver's; the other is refused at construction, never at the
+// first message.
+func TestHandlerOfTheOtherDriverIsRefused(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	sqlInbox, err := dedupe.New(sqlKit("pgx").open(t, db.URL), dedupe.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgxInbox, err := dedupe.New(db.Pool, dedupe.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := dedupe.ConsumerConfig[string]{Scope: "s", Key: func(m string) (string, error) { return m, nil }}
+	_, err1 := dedupe.NewConsumer(sqlInbox, cfg, func(context.Context, pgx.Tx, string) error { return nil })
+	_, err2 := dedupe.NewConsumer(pgxInbox, cfg, func(context.Context, *sql.Tx, string) error { return nil })
+	_, err3 := dedupe.NewBatchConsumerFunc(pgxInbox, cfg, func(context.Context, *sql.Tx, []string) error { return nil })
+	for _, err := range []error{err1, err2, err3} {
+		var ce *dedupe.ConfigError
+		if !errors.As(err, &ce) || ce.Field != "handler" {
+			t.Fatalf("handler of the other driver: err = %v, want a *ConfigError on handler", err)
+		}
+	}
+	if _, err := dedupe.New(struct{ dedupe.Querier }{db.Pool}, dedupe.Config{}); err == nil {
+		t.Fatal("New over a bare Querier: want a *ConfigError")
+	}
 }
