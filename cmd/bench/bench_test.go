@@ -108,11 +108,15 @@ func TestBenchTinyRunReportsEveryRow(t *testing.T) {
 	// The round trips of the core's hot paths, counted at the socket: a new
 	// key costs BEGIN+claim (one pipeline), the effect and COMMIT against
 	// BEGIN, claim, effect, COMMIT by hand; a duplicate costs the pipeline
-	// and ROLLBACK against BEGIN, claim, read, COMMIT.
+	// and ROLLBACK against BEGIN, claim, read, COMMIT. Over database/sql
+	// the pipeline's statements go one after the other: BEGIN, claim, read,
+	// savepoint, then the effect and COMMIT, or ROLLBACK.
 	for name, want := range map[string]string{
-		"Consumer.Handle, new key":   "3.00 / 4.00",
-		"Consumer.Handle, duplicate": "2.00 / 4.00",
-		"Inbox.ClaimBatch + effects": "0.40 / 0.40",
+		"Consumer.Handle, new key":                     "3.00 / 4.00",
+		"Consumer.Handle, duplicate":                   "2.00 / 4.00",
+		"Consumer.Handle over database/sql, new key":   "6.00 / 4.00",
+		"Consumer.Handle over database/sql, duplicate": "5.00 / 4.00",
+		"Inbox.ClaimBatch + effects":                   "0.40 / 0.40",
 	} {
 		if got := costs[name]; len(got) < 3 || got[2] != want {
 			t.Errorf("round trips of %q = %v, want %s", name, got, want)
@@ -128,8 +132,9 @@ func TestBenchTinyRunReportsEveryRow(t *testing.T) {
 	}
 }
 
-// TestBenchOnlyPicksRows runs one comparison alone: -only selects by either
-// side's name, and nothing else runs.
+// TestBenchOnlyPicksRows runs the comparisons that -only picks by their
+// hand-written side's name (the duplicate rows over pgx and database/sql),
+// and nothing else.
 func TestBenchOnlyPicksRows(t *testing.T) {
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
@@ -139,8 +144,8 @@ func TestBenchOnlyPicksRows(t *testing.T) {
 	}
 	tables := mdTables(stdout.String())
 	core := tableOf(t, tables, titleCore)
-	if len(core) != 1 || core[0][0] != "Consumer.Handle, duplicate" {
-		t.Errorf("rows %q, want the duplicate row alone", core)
+	if len(core) != 2 || core[0][0] != "Consumer.Handle, duplicate" || core[1][0] != "Consumer.Handle over database/sql, duplicate" {
+		t.Errorf("rows %q, want the two duplicate rows alone", core)
 	}
 	if len(tables) != 2 {
 		t.Errorf("tables %v, want the core and the cost table", tables)

@@ -69,6 +69,26 @@ var comparisons = []comparison{
 		hand: side{name: "hand-written tx: claim, read the row to classify it", op: func(b *bench) op { return b.opHandDup }},
 	},
 	{
+		name: "Consumer.Handle over database/sql, new key", section: sectionCore, unit: perMsg, fresh: true,
+		setup: (*bench).openSQL,
+		lib:   side{name: "Consumer.Handle (*sql.Tx)", op: func(b *bench) op { return b.opSQLHandle }},
+		hand:  side{name: "hand-written database/sql tx: claim (inbox row) + effect", op: func(b *bench) op { return b.opSQLHandClaimEffect }},
+	},
+	{
+		name: "Consumer.Handle over database/sql, duplicate", section: sectionCore, unit: perMsg,
+		setup: func(b *bench, ctx context.Context) error {
+			if err := b.openSQL(ctx); err != nil {
+				return err
+			}
+			if err := b.reset(ctx, "d"); err != nil {
+				return err
+			}
+			return b.preloadDuplicates(ctx)
+		},
+		lib:  side{name: "Consumer.Handle (*sql.Tx)", op: func(b *bench) op { return b.opSQLHandleDup }},
+		hand: side{name: "hand-written database/sql tx: claim, read the row to classify it", op: func(b *bench) op { return b.opSQLHandDup }},
+	},
+	{
 		name: "Consumer.Handle, new key, against no dedup", section: sectionCore, unit: perMsg, fresh: true, reference: true,
 		lib:  side{name: "Consumer.Handle", op: func(b *bench) op { return b.opHandle }},
 		hand: side{name: "hand-written tx: effect only (no dedup)", op: func(b *bench) op { return b.opHandEffect }},

@@ -1,7 +1,9 @@
 // Command bench measures dedupe against the hand-written equivalent that does
 // the same work, side by side on the local PostgreSQL: Consumer.Handle for new
 // keys and for duplicates (against a hand-written transaction that also reads
-// the taken key's row to classify it), Inbox.ClaimBatch, the httpidem
+// the taken key's row to classify it), the same two over database/sql (pgx's
+// stdlib driver, against the same hand-written transaction in a *sql.Tx),
+// Inbox.ClaimBatch, the httpidem
 // middleware for new requests and replays (against a hand-written handler
 // that also stores and replays its response), and, with in-process brokers,
 // the NATS JetStream runner, the Kafka runner and the outbox relay against

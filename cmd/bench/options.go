@@ -56,7 +56,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.sizeWorkers, "size-workers", 8, "workers of the inbox-size and purge rows")
 	fs.StringVar(&purgeRows, "purge-rows", "1e5", "expired keys Inbox.Purge deletes in the purge rows (0: skip)")
 	fs.BoolVar(&o.markdown, "markdown", false, "print the report as Markdown tables")
-	fs.IntVar(&o.maxConns, "max-conns", 34, "connections of the pool at most (PostgreSQL's max_connections is shared)")
+	fs.IntVar(&o.maxConns, "max-conns", 34, "connections of the pool at most (PostgreSQL's max_connections is shared; the database/sql rows open as many again)")
 	fs.StringVar(&only, "only", "", "comma-separated substrings: run only the rows whose name contains one")
 	fs.BoolVar(&o.transports, "transports", true, "also measure the NATS and Kafka runners and the outbox relay (in-process brokers)")
 	fs.DurationVar(&o.timeout, "timeout", time.Hour, "the whole run stops with an error after this")

@@ -98,6 +98,8 @@ func runAll(ctx context.Context, o *options, log io.Writer) (*report, error) {
 	if err != nil {
 		return nil, err
 	}
+	b.connConfig = cfg.ConnConfig
+	defer b.closeSQL()
 	if b.http, err = newHTTPBench(ctx, pool, min(o.dupKeys, 2000)); err != nil {
 		return nil, err
 	}

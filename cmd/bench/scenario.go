@@ -35,6 +35,10 @@ type bench struct {
 	seq      atomic.Int64
 	run      string // distinguishes the keys of successive runs
 	dupRun   string // the prefix of the committed keys the duplicate rows redeliver
+	// connConfig is the pool's connection settings, counting dialer
+	// included, from which the database/sql rows open their *sql.DB.
+	connConfig *pgx.ConnConfig
+	sql        *sqlBench // the database/sql rows' side, once opened
 }
 
 func newBench(o *options, pool *pgxpool.Pool, m meter) (*bench, error) {
