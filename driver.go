@@ -20,9 +20,13 @@ import (
 // the default; sqlDriver serves database/sql (SQL).
 type driver interface {
 	Querier
-	// begin begins a transaction with opts and runs b's statements in it.
-	// pgx sends BEGIN and b in one round trip; database/sql runs them one
-	// after the other. On error nothing stays open.
+	// newBatch returns the batch that begin takes for a transaction with
+	// opts: pgx queues its BEGIN first, so that no copy is needed.
+	newBatch(opts pgx.TxOptions) *pgx.Batch
+	// begin begins a transaction with opts and runs b's statements in it
+	// (b from newBatch(opts), or nil). pgx sends BEGIN and b in one round
+	// trip; database/sql runs them one after the other. On error nothing
+	// stays open.
 	begin(ctx context.Context, opts pgx.TxOptions, b *pgx.Batch) (txConn, error)
 	// txType is the type of transaction this driver's handlers receive.
 	txType() reflect.Type
@@ -79,35 +83,38 @@ func (d pgxDriver) listenPool() *pgxpool.Pool {
 	return p
 }
 
+func (d pgxDriver) newBatch(opts pgx.TxOptions) *pgx.Batch {
+	b := &pgx.Batch{}
+	b.BeginTx(opts)
+	return b
+}
+
 func (d pgxDriver) begin(ctx context.Context, opts pgx.TxOptions, b *pgx.Batch) (txConn, error) {
-	if b == nil || b.Len() == 0 {
+	if b == nil {
 		tx, err := d.BeginTx(ctx, opts)
 		if err != nil {
 			return nil, err
 		}
-		return &pgxTx{Tx: tx, g: newGuard(tx)}, nil
+		return (*pgxTx)(newGuard(tx)), nil
 	}
-	nb := &pgx.Batch{}
-	nb.BeginTx(opts)
-	nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries...)
-	br := d.SendBatch(ctx, nb)
+	br := d.SendBatch(ctx, b)
 	tx := br.Tx()
 	if err := br.Close(); err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	return &pgxTx{Tx: tx, g: newGuard(tx)}, nil
+	return (*pgxTx)(newGuard(tx)), nil
 }
 
-// pgxTx is a pgx transaction; its handler receives it guarded.
-type pgxTx struct {
-	pgx.Tx
-	g *guardedTx
-}
+// pgxTx is a pgx transaction as the core uses it: the guard the handler
+// receives, seen without the guard's methods, so that the core's own
+// statements, Commit and Rollback reach the transaction itself (the
+// embedded pgx.Tx) in the same allocation.
+type pgxTx guardedTx
 
-func (t *pgxTx) handlerTx() any { return t.g }
-func (t *pgxTx) status() byte   { return t.g.Status() }
-func (t *pgxTx) ended() bool    { return t.g.Ended() }
+func (t *pgxTx) handlerTx() any { return (*guardedTx)(t) }
+func (t *pgxTx) status() byte   { return (*guardedTx)(t).Status() }
+func (t *pgxTx) ended() bool    { return (*guardedTx)(t).Ended() }
 
 // sendBatch runs b's statements on q: in one round trip when q is a pgx
 // pool, connection or transaction, else one after the other.

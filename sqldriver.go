@@ -51,6 +51,8 @@ var sqlTxType = reflect.TypeFor[*sql.Tx]()
 func (d *SQLDB) txType() reflect.Type      { return sqlTxType }
 func (d *SQLDB) listenPool() *pgxpool.Pool { return nil }
 
+func (d *SQLDB) newBatch(pgx.TxOptions) *pgx.Batch { return &pgx.Batch{} }
+
 func (d *SQLDB) begin(ctx context.Context, opts pgx.TxOptions, b *pgx.Batch) (txConn, error) {
 	so := &sql.TxOptions{ReadOnly: opts.AccessMode == pgx.ReadOnly}
 	switch opts.IsoLevel {

@@ -26,7 +26,7 @@ func (d *txDriver) Inbox() *Inbox { return d.inbox }
 // transaction (its lock timeout), for the claim statements to be queued
 // behind: with pgx, one round trip for all of them.
 func (d *txDriver) beginBatch() *pgx.Batch {
-	b := &pgx.Batch{}
+	b := d.inbox.drv.newBatch(d.txOpts)
 	if d.lockTimeout != "" {
 		b.Queue(sqlLockTimeout, d.lockTimeout)
 	}
