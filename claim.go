@@ -154,6 +154,9 @@ func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq, read claimRead) *claimRoun
 	if read == readPeek {
 		// The peek reuses the claim's arguments: no conversion twice.
 		b.Queue(i.q.peek, args[claimArgNow], args[claimArgScope], args[claimArgKey], args[claimArgToken]).QueryRow(func(row pgx.Row) error {
+			if round.inserted && skipRow(row) {
+				return nil // sent one by one: a new key needs no read
+			}
 			rec := &round.peeked
 			rec.Key = r.key
 			err := row.Scan(&round.peekedState, &rec.Attempts, &rec.Token, &rec.LockedUntil, &rec.Key.Fingerprint, &rec.ReadAt)
@@ -173,6 +176,9 @@ func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq, read claimRead) *claimRoun
 		q = b.Queue(i.q.lookup, args[claimArgNow], args[claimArgScope], args[claimArgKey])
 	}
 	q.QueryRow(func(row pgx.Row) error {
+		if round.inserted && skipRow(row) {
+			return nil // sent one by one: a new key needs no read
+		}
 		d := &round.read
 		if err := row.Scan(d.dest()...); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {

@@ -241,7 +241,7 @@ func (c *Consumer[M]) attemptClaim(ctx context.Context, key Key, msg M, cp **Cla
 	req := inbox.newClaimReq(key, StateComplete, c.maxAttempts)
 	b := c.beginBatch()
 	round := inbox.queueClaim(b, req, readPeek)
-	b.Queue(sqlSavepoint)
+	savepoint := queueSavepoint(inbox.drv, b, round)
 	sent := time.Now()
 	tx, err := c.begin(ctx, b)
 	if err != nil {
@@ -269,8 +269,9 @@ func (c *Consumer[M]) attemptClaim(ctx context.Context, key Key, msg M, cp **Cla
 	default:
 		return claim.Outcome, fmt.Errorf("%w: %s", claim.Outcome.Err(), key)
 	}
-	if extra {
-		// The claim was taken over after the round's savepoint.
+	if extra || !*savepoint {
+		// The claim was taken over after the round's savepoint, or the
+		// round skipped it.
 		if _, err := tx.Exec(ctx, sqlSavepoint); err != nil {
 			return 0, translate(err)
 		}

@@ -28,6 +28,9 @@ type driver interface {
 	// trip; database/sql runs them one after the other. On error nothing
 	// stays open.
 	begin(ctx context.Context, opts pgx.TxOptions, b *pgx.Batch) (txConn, error)
+	// pipelines reports whether statements queued in a batch are sent
+	// together (pgx), or one by one (database/sql).
+	pipelines() bool
 	// txType is the type of transaction this driver's handlers receive.
 	txType() reflect.Type
 	// listenPool is the pool whose configuration LISTEN connections copy,
@@ -77,6 +80,7 @@ type pgxDriver struct{ pgxDB }
 var pgxTxType = reflect.TypeFor[pgx.Tx]()
 
 func (d pgxDriver) txType() reflect.Type { return pgxTxType }
+func (d pgxDriver) pipelines() bool      { return true }
 
 func (d pgxDriver) listenPool() *pgxpool.Pool {
 	p, _ := d.pgxDB.(*pgxpool.Pool)
@@ -150,9 +154,52 @@ func (r *seqResults) Exec() (pgconn.CommandTag, error) {
 	return r.q.Exec(r.ctx, r.qq.SQL, r.qq.Arguments...)
 }
 func (r *seqResults) Query() (pgx.Rows, error) { return r.q.Query(r.ctx, r.qq.SQL, r.qq.Arguments...) }
-func (r *seqResults) QueryRow() pgx.Row        { return r.q.QueryRow(r.ctx, r.qq.SQL, r.qq.Arguments...) }
-func (r *seqResults) Close() error             { return nil }
-func (r *seqResults) Tx() pgx.Tx               { return nil }
+func (r *seqResults) QueryRow() pgx.Row        { return lazyRow{r} }
+
+// lazyRow runs its statement when it is scanned, so that a callback may
+// skip a statement whose answer it already knows (skipRow): what a driver
+// that sends statements one by one saves, and a pipeline cannot.
+type lazyRow struct{ r *seqResults }
+
+func (l lazyRow) Scan(dest ...any) error {
+	return l.r.q.QueryRow(l.r.ctx, l.r.qq.SQL, l.r.qq.Arguments...).Scan(dest...)
+}
+
+// skipRow reports whether row's statement may be left unsent: true for a
+// statement run one by one (lazyRow), false in a pipeline, where it was
+// sent already and must be read.
+func skipRow(row pgx.Row) bool {
+	_, ok := row.(lazyRow)
+	return ok
+}
+
+// pipelinedSavepoint is the flag of a savepoint sent in a pipeline: always.
+var pipelinedSavepoint = true
+
+// queueSavepoint queues the savepoint taken right after a claim. In a
+// pipeline it is sent with the claim; run one by one (d does not pipeline)
+// it is sent only for a new key (a duplicate needs none). The returned flag
+// tells whether it ran.
+func queueSavepoint(d driver, b *pgx.Batch, round *claimRound) *bool {
+	if d.pipelines() {
+		b.Queue(sqlSavepoint)
+		return &pipelinedSavepoint
+	}
+	done := new(bool)
+	b.Queue(sqlSavepoint).QueryRow(func(row pgx.Row) error {
+		if !round.inserted && skipRow(row) {
+			return nil
+		}
+		*done = true
+		if err := row.Scan(); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		return nil
+	})
+	return done
+}
+func (r *seqResults) Close() error { return nil }
+func (r *seqResults) Tx() pgx.Tx   { return nil }
 
 // errWrongTx is a handler whose transaction type is not its inbox's.
 func errWrongTx[TTx any](d driver) error {

@@ -49,6 +49,7 @@ func (d *SQLDB) DB() *sql.DB { return d.db }
 var sqlTxType = reflect.TypeFor[*sql.Tx]()
 
 func (d *SQLDB) txType() reflect.Type      { return sqlTxType }
+func (d *SQLDB) pipelines() bool           { return false }
 func (d *SQLDB) listenPool() *pgxpool.Pool { return nil }
 
 func (d *SQLDB) newBatch(pgx.TxOptions) *pgx.Batch { return &pgx.Batch{} }

@@ -114,8 +114,8 @@ func TestBenchTinyRunReportsEveryRow(t *testing.T) {
 	for name, want := range map[string]string{
 		"Consumer.Handle, new key":                     "3.00 / 4.00",
 		"Consumer.Handle, duplicate":                   "2.00 / 4.00",
-		"Consumer.Handle over database/sql, new key":   "6.00 / 4.00",
-		"Consumer.Handle over database/sql, duplicate": "5.00 / 4.00",
+		"Consumer.Handle over database/sql, new key":   "5.00 / 4.00",
+		"Consumer.Handle over database/sql, duplicate": "4.00 / 4.00",
 		"Inbox.ClaimBatch + effects":                   "0.40 / 0.40",
 	} {
 		if got := costs[name]; len(got) < 3 || got[2] != want {
