@@ -105,7 +105,7 @@ func (b pgxBackend) begin(ctx context.Context, opts pgx.TxOptions) (reqTx, error
 // middleware runs its statements on the transaction itself.
 type pgxReq struct{ g *guardedTx }
 
-func (r pgxReq) querier() dedupe.Querier           { return r.g.Tx }
+func (r pgxReq) querier() dedupe.Querier            { return r.g.Tx }
 func (r pgxReq) commit(ctx context.Context) error   { return r.g.Tx.Commit(ctx) }
 func (r pgxReq) rollback(ctx context.Context) error { return r.g.Tx.Rollback(ctx) }
 func (r pgxReq) state() txState                     { return stateOf(r.g.Tx) }

@@ -18,8 +18,8 @@ type request struct {
 
 	mu   sync.Mutex
 	tx   reqTx // transactional: begun with the claim; leased: begun lazily by Tx or SQLTx
-	over bool       // the handler returned: Tx refuses
-	err  error      // a failed lazy BEGIN
+	over bool  // the handler returned: Tx refuses
+	err  error // a failed lazy BEGIN
 }
 
 type requestKey struct{}
