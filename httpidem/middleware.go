@@ -30,6 +30,14 @@
 // kept 24 h by default and purged with Middleware.Purge or
 // Middleware.RunPurger.
 //
+// The middleware runs on a pgx pool, whose handlers take the request
+// transaction with Tx, or on database/sql (New over dedupe.SQL(db)), whose
+// handlers take it with SQLTx, a *sql.Tx: both modes and every guarantee
+// above hold on either; over database/sql, BEGIN, the lock timeout, the claim
+// and the savepoint are sent one after the other rather than in one round
+// trip, and a handler that ends its *sql.Tx itself is found out on the
+// middleware's next statement (see SQLTx).
+//
 // Responses over Config.MaxResponseBytes (1 MiB by default) are refused:
 // the work is rolled back, the key released and 500 answered
 // (OversizeRefuse). With OversizeStoreHead the work commits, this client
