@@ -244,6 +244,13 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, 
 	failedAt, herr := b.runBatch(ctx, mctx, tx, msgs, valid, fresh, claims)
 	if herr == nil {
 		outcome, cerr := b.commit(ctx, tx, claims[fresh[0]])
+		if errors.Is(cerr, errFailedTx) {
+			// A handler swallowed a failed statement (database/sql shows
+			// it only at COMMIT): nothing committed; find the message one
+			// transaction at a time.
+			b.inOrder(ctx, mctx, msgs, keys, valid, res)
+			return nil
+		}
 		for _, j := range fresh {
 			out[j] = BatchResult{Outcome: outcome, Err: cerr}
 		}
@@ -348,6 +355,13 @@ func (b *BatchConsumer[M]) runBatch(ctx context.Context, mctx []context.Context,
 			err = b.inbox.StoreResultTx(ctx, g, c, *c.pending)
 		}
 		if err != nil {
+			if code, ok := sqlState(err); ok && code == pgInFailedTx {
+				// The transaction was aborted before this message's turn:
+				// an earlier handler swallowed a failed statement, which a
+				// *sql.Tx cannot show at once. Blame no one here; the
+				// messages run one transaction each and find the culprit.
+				return -1, err
+			}
 			return j, err
 		}
 	}

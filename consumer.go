@@ -285,7 +285,11 @@ func (c *Consumer[M]) attemptClaim(ctx context.Context, key Key, msg M, cp **Cla
 			return 0, err
 		}
 	}
-	return c.commit(ctx, tx, claim)
+	o, err := c.commit(ctx, tx, claim)
+	if errors.Is(err, errFailedTx) {
+		return c.failed(ctx, tx, claim, err)
+	}
+	return o, err
 }
 
 type claimCtxKey struct{}

@@ -21,6 +21,11 @@
 // A key has three states: absent, in flight and complete, plus failed for a
 // poison key whose attempts are used up. Keys are scoped: uniqueness is on
 // (scope, key).
+//
+// The database is reached through pgx (a *pgxpool.Pool; handlers receive a
+// pgx.Tx) or database/sql (SQL wraps a *sql.DB over pgx's stdlib or lib/pq;
+// handlers receive a *sql.Tx). The guarantees are the same; pgx saves round
+// trips by sending BEGIN and the claim together.
 package dedupe
 
 import (

@@ -3,6 +3,7 @@ package dedupe
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -200,6 +201,7 @@ const (
 	pgSerializationFailure = "40001"
 	pgDeadlockDetected     = "40P01"
 	pgUndefinedTable       = "42P01"
+	pgInFailedTx           = "25P02"
 )
 
 // mayHaveApplied reports whether err, returned for a statement (or COMMIT),
@@ -239,10 +241,10 @@ func sqlState(err error) (string, bool) {
 // isFailedTxCommit reports a database/sql driver's refusal to COMMIT a
 // failed transaction, a definite rollback: pgx's stdlib says
 // pgx.ErrTxCommitRollback, lib/pq its ErrInFailedTransaction, known by its
-// text (dedupe does not depend on lib/pq).
+// text, in either case of its versions (dedupe does not depend on lib/pq).
 func isFailedTxCommit(err error) bool {
 	for ; err != nil; err = errors.Unwrap(err) {
-		if err.Error() == "pq: Could not complete operation in a failed transaction" {
+		if strings.EqualFold(err.Error(), "pq: could not complete operation in a failed transaction") {
 			return true
 		}
 	}

@@ -54,6 +54,10 @@ func runGuarded(g txConn, call func() error) (err error) {
 	return checkGuard(g)
 }
 
+// errFailedTx is a COMMIT refused because the transaction had failed: the
+// handler's attempt failed, though it returned nil.
+var errFailedTx = fmt.Errorf("%w (rolled back)", ErrTxEnded)
+
 // inFlightOr reports a lock timeout as OutcomeInFlight, any other error as is.
 func inFlightOr(err error) (Outcome, error) {
 	if errors.Is(err, ErrInFlight) {
@@ -70,6 +74,11 @@ func (d *txDriver) commit(ctx context.Context, tx txConn, claim *Claim) (Outcome
 	err := tx.Commit(ctx)
 	if err == nil {
 		return OutcomeClaimed, nil
+	}
+	if errors.Is(err, pgx.ErrTxCommitRollback) || isFailedTxCommit(err) {
+		// A statement of the handler failed and it returned nil: what the
+		// guard catches before COMMIT with pgx, a *sql.Tx shows only now.
+		return 0, fmt.Errorf("%w: a statement failed and the handler returned nil: %w", errFailedTx, err)
 	}
 	if !mayHaveApplied(err) {
 		return 0, translate(err)

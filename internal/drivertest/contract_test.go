@@ -176,6 +176,16 @@ func contract[TTx any](t *testing.T, k kit[TTx]) {
 		}
 	})
 
+	t.Run("HandlerSwallowingAFailedStatementFails", func(t *testing.T) {
+		t.Parallel()
+		swallowing(t, k)
+	})
+
+	t.Run("Batches", func(t *testing.T) {
+		t.Parallel()
+		batches(t, k)
+	})
+
 	t.Run("AttemptLimitHoldsUnderConcurrentDuplicates", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, k)
@@ -428,4 +438,90 @@ func startProxy(t *testing.T, url string, policy pgproxy.Policy) string {
 		t.Fatal(err)
 	}
 	return u
+}
+
+// swallowing is a contract test added to each driver's run: a handler whose
+// statement failed but that returned nil is a failed attempt, counted, its
+// effects rolled back; never reported processed.
+func swallowing[TTx any](t *testing.T, k kit[TTx]) {
+	t.Helper()
+	b := setup(t, k)
+	inbox := b.newInbox(t, b.inbox, dedupe.Config{MaxAttempts: 2})
+	c, err := dedupe.NewConsumer(inbox, dedupe.ConsumerConfig[string]{Scope: "orders", Key: func(m string) (string, error) { return m, nil }},
+		func(ctx context.Context, tx TTx, key string) error {
+			if err := k.exec(ctx, tx, `INSERT INTO effects (key) VALUES ($1)`, key); err != nil {
+				return err
+			}
+			_ = k.exec(ctx, tx, `INSERT INTO no_such_table VALUES (1)`) // the careless handler
+			return nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	out, err := c.Handle(ctx, "sw-1")
+	if out != dedupe.OutcomeRetry || !errors.Is(err, dedupe.ErrTxEnded) {
+		t.Fatalf("handle = %v, %v; want retry with ErrTxEnded", out, err)
+	}
+	if out, err := c.Handle(ctx, "sw-1"); out != dedupe.OutcomePoisoned || !errors.Is(err, dedupe.ErrPoisoned) {
+		t.Fatalf("second attempt = %v, %v; want poisoned (MaxAttempts 2)", out, err)
+	}
+	if got := b.effects(t, "sw-1"); got != 0 {
+		t.Fatalf("effects = %d, want 0", got)
+	}
+}
+
+// batches is the BatchConsumer's part of the contract: batches of the same
+// keys at once commit one effect per key, and a handler that swallows a
+// failed statement fails its message alone, the ones before it committed
+// and the ones after it left for redelivery.
+func batches[TTx any](t *testing.T, k kit[TTx]) {
+	t.Helper()
+	b := setup(t, k)
+	inbox := b.newInbox(t, b.inbox, dedupe.Config{})
+	cfg := dedupe.ConsumerConfig[string]{Scope: "batch", Key: func(m string) (string, error) { return m, nil }}
+	bc, err := dedupe.NewBatchConsumer(inbox, cfg, func(ctx context.Context, tx TTx, key string) error {
+		if err := k.exec(ctx, tx, `INSERT INTO effects (key) VALUES ($1)`, key); err != nil {
+			return err
+		}
+		if key == "careless" {
+			_ = k.exec(ctx, tx, `INSERT INTO no_such_table VALUES (1)`)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var failures atomic.Int64
+	dbtest.Together(6, func(int) {
+		for _, r := range bc.HandleBatch(ctx, []string{"b-1", "b-2", "b-3", "b-2"}) {
+			if r.Err != nil {
+				failures.Add(1)
+			}
+		}
+	})
+	if failures.Load() != 0 {
+		t.Fatalf("%d messages of concurrent batches failed", failures.Load())
+	}
+	for _, key := range []string{"b-1", "b-2", "b-3"} {
+		if got := b.effects(t, key); got != 1 {
+			t.Fatalf("%s: %d effects, want 1", key, got)
+		}
+	}
+	res := bc.HandleBatch(ctx, []string{"c-1", "careless", "c-2"})
+	if res[0].Outcome != dedupe.OutcomeClaimed || res[0].Err != nil {
+		t.Fatalf("message before the careless one = %+v, want claimed", res[0])
+	}
+	if res[1].Outcome != dedupe.OutcomeRetry || !errors.Is(res[1].Err, dedupe.ErrTxEnded) {
+		t.Fatalf("careless message = %+v, want retry with ErrTxEnded", res[1])
+	}
+	if !errors.Is(res[2].Err, dedupe.ErrNotAttempted) {
+		t.Fatalf("message after the careless one = %+v, want ErrNotAttempted", res[2])
+	}
+	for key, want := range map[string]int{"c-1": 1, "careless": 0, "c-2": 0} {
+		if got := b.effects(t, key); got != want {
+			t.Fatalf("%s: %d effects, want %d", key, got, want)
+		}
+	}
 }
