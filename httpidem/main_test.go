@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 
@@ -173,10 +174,9 @@ func setupOn(t testing.TB, drv driver, cfg ...httpidem.Config) *bundle {
 type handlerTx struct {
 	dedupe.Querier
 	sql *sql.Tx // database/sql only
-	// ends calls the transaction's Commit and Rollback, which the
-	// middleware must refuse (pgx only: a *sql.Tx cannot be guarded, and
-	// ends is nil).
-	ends func(ctx context.Context) (commit, rollback error)
+	// pgx is the pgx.Tx, whose Commit and Rollback the middleware must
+	// refuse (nil over database/sql: a *sql.Tx cannot be guarded).
+	pgx pgx.Tx
 }
 
 // requestTx returns the request transaction of ctx through the driver's
@@ -193,9 +193,7 @@ func (b *bundle) requestTx(ctx context.Context) (handlerTx, error) {
 	if err != nil {
 		return handlerTx{}, err
 	}
-	return handlerTx{Querier: tx, ends: func(ctx context.Context) (error, error) {
-		return tx.Commit(ctx), tx.Rollback(ctx)
-	}}, nil
+	return handlerTx{Querier: tx, pgx: tx}, nil
 }
 
 // createOrder inserts an order through the request transaction.
@@ -272,8 +270,8 @@ func (b *bundle) createOrder(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if tx.ends != nil {
-		cerr, rerr := tx.ends(r.Context())
+	if tx.pgx != nil {
+		cerr, rerr := tx.pgx.Commit(r.Context()), tx.pgx.Rollback(r.Context())
 		b.txErrs.Store(&[2]error{cerr, rerr})
 		if !errors.Is(cerr, httpidem.ErrTxManaged) || !errors.Is(rerr, httpidem.ErrTxManaged) {
 			http.Error(w, fmt.Sprintf("Commit, Rollback returned %v, %v; want ErrTxManaged", cerr, rerr), http.StatusInternalServerError)
