@@ -18,27 +18,22 @@ import (
 const claimRetries = 3
 
 // claimTx begins the request's transaction and claims key in it
-// (transactional mode). BEGIN, the lock timeout, the claim's insert, the read
-// of an existing key, the lock timeout's reset and the savepoint go to the
-// server in one round trip. A concurrent request holding the key makes the
-// claim fail with dedupe.ErrInFlight after Config.LockTimeout.
+// (transactional mode), through the backend: over pgx, BEGIN, the lock
+// timeout, the claim's insert, the read of an existing key, the lock
+// timeout's reset and the savepoint go to the server in one round trip
+// (pipelinedTx); over database/sql one after the other. A concurrent
+// request holding the key makes the claim fail with dedupe.ErrInFlight
+// after Config.LockTimeout.
 //
 // For OutcomeClaimed it returns the open transaction, with the savepoint
 // taken after the claim (under StoreServerErrors, the only policy that rolls
 // back to it); for any other outcome, and on error, the
 // transaction is already rolled back and tx is nil.
-func (m *Middleware) claimTx(ctx context.Context, key dedupe.Key) (tx pgx.Tx, claim *dedupe.Claim, err error) {
+func (m *Middleware) claimTx(ctx context.Context, key dedupe.Key) (tx reqTx, claim *dedupe.Claim, err error) {
 	for try := 0; ; try++ {
-		p := &pipelinedTx{db: m.db, opts: m.cfg.TxOptions, lockTimeout: m.lockTimeout,
-			savepoint: m.cfg.ServerErrors == StoreServerErrors}
-		claim, err = m.inbox.Claim(ctx, p, key)
-		if err == nil && claim.Outcome == dedupe.OutcomeClaimed {
-			if err = p.settle(ctx); err == nil {
-				return p.tx, claim, nil
-			}
-		}
-		if p.tx != nil {
-			rollback(context.WithoutCancel(ctx), p.tx)
+		tx, claim, err = m.be.claimOnce(ctx, m, key)
+		if err == nil && tx != nil {
+			return tx, claim, nil
 		}
 		if err == nil || !errors.Is(err, dedupe.ErrRetryable) || try == claimRetries || ctx.Err() != nil {
 			return nil, claim, err

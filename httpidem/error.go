@@ -66,6 +66,9 @@ var (
 	ErrTxEnded = errors.New("httpidem: the request transaction was ended or aborted behind the middleware's back")
 	// ErrNoTx: Tx was called outside a request handled by the middleware.
 	ErrNoTx = errors.New("httpidem: no idempotent request in context")
+	// ErrWrongDriver: Tx was called over a middleware built on
+	// database/sql, or SQLTx over one built on a pgx pool.
+	ErrWrongDriver = errors.New("httpidem: the request transaction is of the other database driver")
 
 	// ErrPreconditionRequired (428): the update needs an If-Match header.
 	ErrPreconditionRequired = errors.New("httpidem: If-Match header is required")

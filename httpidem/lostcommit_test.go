@@ -19,8 +19,8 @@ import (
 // answered 503 and logged that the work was rolled back.
 func TestIdemLostCommitReplyAnswersTheResponse(t *testing.T) {
 	t.Parallel()
-	forModes(t, func(t *testing.T, mode httpidem.Mode) {
-		b := setup(t)
+	forDriversModes(t, func(t *testing.T, drv driver, mode httpidem.Mode) {
+		b := setupOn(t, drv)
 		_, p := b.viaProxy(t, once(pgproxy.DropReply, isCommit), httpidem.Config{Mode: mode})
 		const n = 6
 		replies := make([]reply, n)
@@ -57,8 +57,8 @@ func TestIdemLostCommitReplyAnswersTheResponse(t *testing.T) {
 // orders, and concurrent retries create exactly one.
 func TestIdemCommitCutAnswersRetryable(t *testing.T) {
 	t.Parallel()
-	forModes(t, func(t *testing.T, mode httpidem.Mode) {
-		b := setup(t)
+	forDriversModes(t, func(t *testing.T, drv driver, mode httpidem.Mode) {
+		b := setupOn(t, drv)
 		refusals := &refusalLog{}
 		_, p := b.viaProxy(t, once(pgproxy.Cut, isCommit), httpidem.Config{Mode: mode, ErrorHandler: refusals.handle})
 		first := b.post(t, "acme", "key-cut", cart)
@@ -94,8 +94,8 @@ func TestIdemCommitCutAnswersRetryable(t *testing.T) {
 // database is back, the retry gets the committed request's response.
 func TestIdemUnresolvedCommitIsOutcomeUnknown(t *testing.T) {
 	t.Parallel()
-	forModes(t, func(t *testing.T, mode httpidem.Mode) {
-		b := setup(t)
+	forDriversModes(t, func(t *testing.T, drv driver, mode httpidem.Mode) {
+		b := setupOn(t, drv)
 		refusals := &refusalLog{}
 		dropped := make(chan struct{})
 		policy := func(ev pgproxy.Event) pgproxy.Action {

@@ -3,6 +3,7 @@ package httpidem_test
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,8 +18,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 
+	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/httpidem"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 	"github.com/exactlyonce/dedupe/internal/pgproxy"
@@ -38,7 +42,7 @@ type order struct {
 	Abort      bool   `json:"abort,omitempty"`  // once per bundle: insert, then panic(http.ErrAbortHandler)
 	WaitCtx    bool   `json:"wait,omitempty"`   // once per bundle: wait for the request context to end, then fail
 	Late       int    `json:"late,omitempty"`   // once per bundle: insert, wait for the request context to end, answer this status
-	EndTx      string `json:"end_tx,omitempty"` // once per bundle: insert, send this statement, insert again
+	EndTx      string `json:"end_tx,omitempty"` // once per bundle: insert, send this statement (database/sql: call Commit or Rollback), insert again
 }
 
 type created struct {
@@ -46,8 +50,65 @@ type created struct {
 	Pad string `json:"pad,omitempty"`
 }
 
+// driver is the database client a test's middleware runs on.
+type driver string
+
+const (
+	pgxDriver driver = "pgx"          // a *pgxpool.Pool; handlers use httpidem.Tx
+	sqlDriver driver = "database/sql" // dedupe.SQL over pgx's stdlib; handlers use httpidem.SQLTx
+)
+
+// drivers are the clients the middleware runs on; its key guarantees are
+// tested on both.
+var drivers = []driver{pgxDriver, sqlDriver}
+
+// open returns the middleware's DB on url for d, closed when the test ends.
+func (d driver) open(t testing.TB, url string, maxConns int) dedupe.DB {
+	t.Helper()
+	switch d {
+	case sqlDriver:
+		db, err := sql.Open("pgx", url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db.SetMaxOpenConns(maxConns)
+		t.Cleanup(func() { _ = db.Close() })
+		return dedupe.SQL(db)
+	default:
+		cfg, err := pgxpool.ParseConfig(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.MaxConns = int32(maxConns)
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		return pool
+	}
+}
+
+// forDrivers runs f as a parallel subtest per driver.
+func forDrivers(t *testing.T, f func(t *testing.T, drv driver)) {
+	for _, drv := range drivers {
+		t.Run(string(drv), func(t *testing.T) {
+			t.Parallel()
+			f(t, drv)
+		})
+	}
+}
+
+// forDriversModes runs f as a parallel subtest per driver and mode.
+func forDriversModes(t *testing.T, f func(t *testing.T, drv driver, mode httpidem.Mode)) {
+	forDrivers(t, func(t *testing.T, drv driver) {
+		forModes(t, func(t *testing.T, mode httpidem.Mode) { f(t, drv, mode) })
+	})
+}
+
 // bundle is what setup gives each test.
 type bundle struct {
+	drv     driver
 	db      *dbtest.DB
 	mw      *httpidem.Middleware
 	clock   *dbtest.Clock
@@ -66,8 +127,14 @@ type bundle struct {
 
 // setup migrates a fresh schema with an orders table and returns the
 // middleware (tenant from X-Tenant-ID, clock under the test's control)
-// around a transactional orders handler.
+// around a transactional orders handler, on a pgx pool.
 func setup(t testing.TB, cfg ...httpidem.Config) *bundle {
+	t.Helper()
+	return setupOn(t, pgxDriver, cfg...)
+}
+
+// setupOn is setup with the middleware on drv.
+func setupOn(t testing.TB, drv driver, cfg ...httpidem.Config) *bundle {
 	t.Helper()
 	db := dbtest.New(t, dbtest.Options{MaxConns: 6})
 	clock := dbtest.NewClock(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
@@ -84,7 +151,11 @@ func setup(t testing.TB, cfg ...httpidem.Config) *bundle {
 	if c.Tenant == nil {
 		c.Tenant = func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant-ID"), nil }
 	}
-	mw, err := httpidem.New(db.Pool, c)
+	var mdb dedupe.DB = db.Pool
+	if drv != pgxDriver {
+		mdb = drv.open(t, db.URL, 6)
+	}
+	mw, err := httpidem.New(mdb, c)
 	if err != nil {
 		t.Fatalf("new middleware: %v", err)
 	}
@@ -93,9 +164,36 @@ func setup(t testing.TB, cfg ...httpidem.Config) *bundle {
 	}
 	db.Exec(t, `CREATE TABLE orders (id bigserial PRIMARY KEY, tenant_id text NOT NULL, cart_id text NOT NULL,
 		total_cents bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`)
-	b := &bundle{db: db, mw: mw, clock: clock, blocked: make(chan struct{}, 16), unblock: make(chan struct{})}
+	b := &bundle{drv: drv, db: db, mw: mw, clock: clock, blocked: make(chan struct{}, 16), unblock: make(chan struct{})}
 	b.handler = mw.Handler(http.HandlerFunc(b.createOrder))
 	return b
+}
+
+// handlerTx is the request transaction as the orders handler uses it, on
+// either driver.
+type handlerTx struct {
+	dedupe.Querier
+	sql *sql.Tx // database/sql only
+	// pgx is the pgx.Tx, whose Commit and Rollback the middleware must
+	// refuse (nil over database/sql: a *sql.Tx cannot be guarded).
+	pgx pgx.Tx
+}
+
+// requestTx returns the request transaction of ctx through the driver's
+// accessor: httpidem.Tx or httpidem.SQLTx.
+func (b *bundle) requestTx(ctx context.Context) (handlerTx, error) {
+	if b.drv == sqlDriver {
+		tx, err := httpidem.SQLTx(ctx)
+		if err != nil {
+			return handlerTx{}, err
+		}
+		return handlerTx{Querier: dedupe.SQLTx(tx), sql: tx}, nil
+	}
+	tx, err := httpidem.Tx(ctx)
+	if err != nil {
+		return handlerTx{}, err
+	}
+	return handlerTx{Querier: tx, pgx: tx}, nil
 }
 
 // createOrder inserts an order through the request transaction.
@@ -106,7 +204,7 @@ func (b *bundle) createOrder(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	tx, err := httpidem.Tx(r.Context())
+	tx, err := b.requestTx(r.Context())
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
@@ -134,11 +232,20 @@ func (b *bundle) createOrder(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(in.Late) // e.g. 408 or 499, after the client went away
 		return
 	case in.EndTx != "" && b.ended.CompareAndSwap(false, true):
-		if _, err := tx.Exec(r.Context(), in.EndTx); err != nil {
+		var err error
+		switch {
+		case tx.sql != nil && in.EndTx == "COMMIT": // a *sql.Tx's own end, unguarded
+			err = tx.sql.Commit()
+		case tx.sql != nil:
+			err = tx.sql.Rollback()
+		default:
+			_, err = tx.Exec(r.Context(), in.EndTx)
+		}
+		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
-		_, err := tx.Exec(r.Context(), `INSERT INTO orders (tenant_id, cart_id, total_cents) VALUES ($1, $2, $3)`,
+		_, err = tx.Exec(r.Context(), `INSERT INTO orders (tenant_id, cart_id, total_cents) VALUES ($1, $2, $3)`,
 			r.Header.Get("X-Tenant-ID"), in.CartID+"-after", in.TotalCents)
 		b.endErr.Store(&err)
 		if err != nil {
@@ -163,11 +270,13 @@ func (b *bundle) createOrder(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	cerr, rerr := tx.Commit(r.Context()), tx.Rollback(r.Context())
-	b.txErrs.Store(&[2]error{cerr, rerr})
-	if !errors.Is(cerr, httpidem.ErrTxManaged) || !errors.Is(rerr, httpidem.ErrTxManaged) {
-		http.Error(w, fmt.Sprintf("Commit, Rollback returned %v, %v; want ErrTxManaged", cerr, rerr), http.StatusInternalServerError)
-		return
+	if tx.pgx != nil {
+		cerr, rerr := tx.pgx.Commit(r.Context()), tx.pgx.Rollback(r.Context())
+		b.txErrs.Store(&[2]error{cerr, rerr})
+		if !errors.Is(cerr, httpidem.ErrTxManaged) || !errors.Is(rerr, httpidem.ErrTxManaged) {
+			http.Error(w, fmt.Sprintf("Commit, Rollback returned %v, %v; want ErrTxManaged", cerr, rerr), http.StatusInternalServerError)
+			return
+		}
 	}
 	if in.Big > 0 {
 		out.Pad = string(bytes.Repeat([]byte("x"), in.Big))
@@ -260,12 +369,20 @@ func forModes(t *testing.T, f func(t *testing.T, mode httpidem.Mode)) {
 	}
 }
 
-// viaProxy points the bundle's handler at a new middleware (cfg) whose
-// pool's connections pass through a PostgreSQL-protocol proxy applying
-// policy.
-func (b *bundle) viaProxy(t *testing.T, policy pgproxy.Policy, cfg httpidem.Config) (*pgxpool.Pool, *pgproxy.Proxy) {
+// viaProxy points the bundle's handler at a new middleware (cfg), on the
+// bundle's driver, whose connections pass through a PostgreSQL-protocol
+// proxy applying policy.
+func (b *bundle) viaProxy(t *testing.T, policy pgproxy.Policy, cfg httpidem.Config) (dedupe.DB, *pgproxy.Proxy) {
 	t.Helper()
-	pool, p := dbtest.ProxyPool(t, b.db.URL, policy)
+	var (
+		pool dedupe.DB
+		p    *pgproxy.Proxy
+	)
+	if b.drv == sqlDriver {
+		pool, p = sqlProxyDB(t, b.db.URL, policy)
+	} else {
+		pool, p = dbtest.ProxyPool(t, b.db.URL, policy)
+	}
 	if cfg.Inbox.Clock == nil {
 		cfg.Inbox.Clock = b.clock.Now
 	}
@@ -296,6 +413,26 @@ func once(action pgproxy.Action, match func(pgproxy.Event) bool) pgproxy.Policy 
 }
 
 func isCommit(ev pgproxy.Event) bool { return ev.Kind == pgproxy.Commit }
+
+// sqlProxyDB is dbtest.ProxyPool for database/sql: a handle over pgx's
+// stdlib whose connections pass through the proxy, wrapped with dedupe.SQL.
+func sqlProxyDB(t *testing.T, url string, policy pgproxy.Policy) (*dedupe.SQLDB, *pgproxy.Proxy) {
+	t.Helper()
+	host, err := pgproxy.Host(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := pgproxy.Start(host, policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	u, err := p.URL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sqlDriver.open(t, u, 8).(*dedupe.SQLDB), p
+}
 
 // refusalLog is an ErrorHandler that keeps the middleware's refusals.
 type refusalLog struct {

@@ -30,6 +30,14 @@
 // kept 24 h by default and purged with Middleware.Purge or
 // Middleware.RunPurger.
 //
+// The middleware runs on a pgx pool, whose handlers take the request
+// transaction with Tx, or on database/sql (New over dedupe.SQL(db)), whose
+// handlers take it with SQLTx, a *sql.Tx: both modes and every guarantee
+// above hold on either; over database/sql, BEGIN, the lock timeout, the claim
+// and the savepoint are sent one after the other rather than in one round
+// trip, and a handler that ends its *sql.Tx itself is found out on the
+// middleware's next statement (see SQLTx).
+//
 // Responses over Config.MaxResponseBytes (1 MiB by default) are refused:
 // the work is rolled back, the key released and 500 answered
 // (OversizeRefuse). With OversizeStoreHead the work commits, this client
@@ -56,30 +64,34 @@ import (
 // concurrent use; build one and wrap every route with Handler.
 type Middleware struct {
 	inbox       *dedupe.Inbox
-	db          pgxDB
+	db          dedupe.DB // as given to New
+	be          backend   // the database client: pgx or database/sql
 	cfg         Config
 	required    bool
 	mode        Mode
 	lockTimeout string // Config.LockTimeout as a setting
 }
 
-// pgxDB is what the middleware runs its transactions on: a pgx pool.
+// pgxDB is what the middleware runs its transactions on over pgx: a pgx
+// pool.
 type pgxDB interface {
 	dedupe.Querier
 	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// New returns a Middleware storing its keys through db (a *pgxpool.Pool).
-// The zero Config is the defaults. New does not touch the database; call
-// Migrate once before serving.
+// New returns a Middleware storing its keys through db: a *pgxpool.Pool,
+// whose handlers get their transaction with Tx, or a database/sql handle
+// wrapped with dedupe.SQL, whose handlers get theirs with SQLTx. The zero
+// Config is the defaults. New does not touch the database; call Migrate
+// once before serving.
 func New(db dedupe.DB, cfg Config) (*Middleware, error) {
 	if db == nil {
 		return nil, &dedupe.ConfigError{Field: "db", Reason: "must not be nil"}
 	}
-	pdb, ok := db.(pgxDB)
+	be, ok := newBackend(db)
 	if !ok {
-		return nil, &dedupe.ConfigError{Field: "db", Reason: fmt.Sprintf("httpidem needs a pgx pool, not %T", db)}
+		return nil, &dedupe.ConfigError{Field: "db", Reason: fmt.Sprintf("httpidem needs a pgx pool or a database/sql handle wrapped with dedupe.SQL, not %T", db)}
 	}
 	c, err := cfg.withDefaults()
 	if err != nil {
@@ -90,7 +102,7 @@ func New(db dedupe.DB, cfg Config) (*Middleware, error) {
 		return nil, fmt.Errorf("httpidem: %w", err)
 	}
 	c.Inbox = inbox.Config()
-	return &Middleware{inbox: inbox, db: pdb, cfg: c, required: c.KeyRequired, mode: c.Mode,
+	return &Middleware{inbox: inbox, db: db, be: be, cfg: c, required: c.KeyRequired, mode: c.Mode,
 		lockTimeout: lockTimeoutSetting(c.LockTimeout)}, nil
 }
 
@@ -169,7 +181,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	var (
 		claim    *dedupe.Claim
-		tx       pgx.Tx
+		tx       reqTx
 		reported bool
 	)
 	done := func(c *dedupe.Claim, err error) { reported = true; observed(c, err) }
@@ -279,11 +291,8 @@ func replay(w http.ResponseWriter, res *dedupe.Result) {
 // leased mode. It returns the error the claim was settled with (nil when the
 // response was stored) and whether the handler aborted the response (the
 // caller then panics with http.ErrAbortHandler, as net/http expects).
-func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, claim *dedupe.Claim, tx pgx.Tx, body []byte) (settled error, aborted bool) {
-	req := &request{db: m.db, claim: claim, txOpts: m.cfg.TxOptions}
-	if tx != nil {
-		req.tx = newGuard(tx)
-	}
+func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, claim *dedupe.Claim, tx reqTx, body []byte) (settled error, aborted bool) {
+	req := &request{db: m.be, claim: claim, txOpts: m.cfg.TxOptions, tx: tx}
 	ctx, cancel := context.WithTimeout(context.WithValue(r.Context(), requestKey{}, req), m.cfg.Inbox.Lease)
 	defer cancel()
 	rec := newRecorder(ctx, m.cfg.MaxResponseBytes, m.cfg.Oversize == OversizeStoreHead)
@@ -295,45 +304,66 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	s := m.newSettlement(r.Context(), claim, req.finish())
 	defer s.cancel()
 
+	if !m.settle(s, w, r, rec, panicked, aborted, late) {
+		// Over database/sql, the handler's end of the transaction shows
+		// only on the middleware's next statement: nothing was answered.
+		s.ended(w, r)
+	}
+	return s.err, aborted
+}
+
+// settle settles the claim after the handler returned and answers. It
+// returns false, having answered nothing, when the request transaction turns
+// out to have been ended by the handler (over database/sql, from the
+// middleware's next statement in it); the caller then settles it as ended.
+func (m *Middleware) settle(s *settlement, w http.ResponseWriter, r *http.Request, rec *recorder,
+	panicked error, aborted, late bool) bool {
+	ctx := r.Context() // the handler's
 	switch {
 	case s.status == txEnded || s.status == txBroken:
 		// Ended behind the middleware's back: what it committed, if
 		// anything, is not known from here.
 		s.ended(w, r)
+		return true
 	case aborted:
 		// The handler asked net/http to abort the connection: no answer
 		// reaches the client, so nothing is stored and a retry executes.
-		s.abandon(errors.New("handler aborted the response"))
+		return s.abandon(errors.New("handler aborted the response"))
 	case panicked != nil:
 		rec = newRecorder(ctx, m.cfg.MaxResponseBytes, false)
 		WriteError(rec, r, panicked)
-		s.serverError(w, rec, panicked, late || ctx.Err() != nil)
+		return s.serverError(w, rec, panicked, late || ctx.Err() != nil)
 	case late:
 		// The response was decided after the request's context ended (the
 		// client went away, or the lease ran out): it is an artefact of the
 		// cancellation, not the operation's answer. Not stored; the retry
 		// executes.
+		if !s.abandon(context.Cause(ctx)) {
+			return false
+		}
 		s.logger().InfoContext(s.ctx, "httpidem: response written after the request context ended; not stored, key released",
 			"status", rec.statusCode())
-		s.abandon(context.Cause(ctx))
 		rec.writeTo(w)
+		return true
 	case rec.statusCode() >= 500:
-		s.serverError(w, rec, fmt.Errorf("handler answered %d", rec.statusCode()), ctx.Err() != nil)
+		return s.serverError(w, rec, fmt.Errorf("handler answered %d", rec.statusCode()), ctx.Err() != nil)
 	case s.status == txAborted:
 		// A statement failed and the handler answered as if it had not:
 		// its transaction cannot commit. Answered as a 500 of the handler.
 		rec = newRecorder(ctx, m.cfg.MaxResponseBytes, false)
 		err := newError(http.StatusInternalServerError, ErrTxEnded, "a statement of the request failed and its transaction was aborted", nil)
 		WriteError(rec, r, err)
-		s.serverError(w, rec, err, false)
+		return s.serverError(w, rec, err, false)
 	case rec.oversize && m.cfg.Oversize == OversizeRefuse:
-		s.abandon(ErrResponseTooLarge)
+		if !s.abandon(ErrResponseTooLarge) {
+			return false
+		}
 		m.refuse(w, r, newError(http.StatusInternalServerError, ErrResponseTooLarge,
 			fmt.Sprintf("the response is over %d bytes; its work was rolled back", m.cfg.MaxResponseBytes), nil))
+		return true
 	default:
-		s.complete(w, r, rec)
+		return s.complete(w, r, rec)
 	}
-	return s.err, aborted
 }
 
 // run calls the handler and returns a *PanicError-wrapping *Error if it
@@ -352,10 +382,4 @@ func (m *Middleware) run(rec *recorder, r *http.Request, next http.Handler) (pan
 	}()
 	next.ServeHTTP(rec, r)
 	return nil, false
-}
-
-func rollback(ctx context.Context, tx pgx.Tx) {
-	if tx != nil {
-		_ = tx.Rollback(ctx)
-	}
 }

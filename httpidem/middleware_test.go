@@ -25,8 +25,8 @@ var cart = order{CartID: "cart-1", TotalCents: 1900}
 
 func TestIdemConcurrentDuplicatesCreateOneOrder(t *testing.T) {
 	t.Parallel()
-	forModes(t, func(t *testing.T, mode httpidem.Mode) {
-		b := setup(t, httpidem.Config{Mode: mode})
+	forDriversModes(t, func(t *testing.T, drv driver, mode httpidem.Mode) {
+		b := setupOn(t, drv, httpidem.Config{Mode: mode})
 		const n = 8
 		replies := make([]reply, n)
 		together(n, func(i int) { replies[i] = b.post(t, "acme", "key-concurrent", cart) })
@@ -107,28 +107,30 @@ func TestReplayCarriesStoredResponse(t *testing.T) {
 
 func TestSameKeyOtherRequestIs422(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	if r := b.post(t, "acme", "key-422", cart); r.status != http.StatusCreated {
-		t.Fatalf("first = %d", r.status)
-	}
-	other := cart
-	other.TotalCents = 2500
-	r := b.post(t, "acme", "key-422", other)
-	if r.status != http.StatusUnprocessableEntity || r.replayed {
-		t.Fatalf("other body = %d replayed=%v %s, want 422", r.status, r.replayed, r.body)
-	}
-	// Another path with the same key and body is another request too.
-	req := httptest.NewRequest(http.MethodPost, "/refunds", strings.NewReader(`{"cart_id":"cart-1","total_cents":1900}`))
-	req.Header.Set("X-Tenant-ID", "acme")
-	req.Header.Set("Idempotency-Key", "key-422")
-	w := httptest.NewRecorder()
-	b.handler.ServeHTTP(w, req)
-	if w.Code != http.StatusUnprocessableEntity {
-		t.Fatalf("other path = %d, want 422", w.Code)
-	}
-	if got := b.orders(t, "acme"); got != 1 {
-		t.Fatalf("orders = %d, want 1", got)
-	}
+	forDrivers(t, func(t *testing.T, drv driver) {
+		b := setupOn(t, drv)
+		if r := b.post(t, "acme", "key-422", cart); r.status != http.StatusCreated {
+			t.Fatalf("first = %d", r.status)
+		}
+		other := cart
+		other.TotalCents = 2500
+		r := b.post(t, "acme", "key-422", other)
+		if r.status != http.StatusUnprocessableEntity || r.replayed {
+			t.Fatalf("other body = %d replayed=%v %s, want 422", r.status, r.replayed, r.body)
+		}
+		// Another path with the same key and body is another request too.
+		req := httptest.NewRequest(http.MethodPost, "/refunds", strings.NewReader(`{"cart_id":"cart-1","total_cents":1900}`))
+		req.Header.Set("X-Tenant-ID", "acme")
+		req.Header.Set("Idempotency-Key", "key-422")
+		w := httptest.NewRecorder()
+		b.handler.ServeHTTP(w, req)
+		if w.Code != http.StatusUnprocessableEntity {
+			t.Fatalf("other path = %d, want 422", w.Code)
+		}
+		if got := b.orders(t, "acme"); got != 1 {
+			t.Fatalf("orders = %d, want 1", got)
+		}
+	})
 }
 
 func TestSameKeyOtherTenantIsIndependent(t *testing.T) {
@@ -169,8 +171,8 @@ func TestIdemServerErrorIsRolledBackStoredAndReplayed(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			forModes(t, func(t *testing.T, mode httpidem.Mode) {
-				b := setup(t, httpidem.Config{Mode: mode})
+			forDriversModes(t, func(t *testing.T, drv driver, mode httpidem.Mode) {
+				b := setupOn(t, drv, httpidem.Config{Mode: mode})
 				const n = 6
 				replies := make([]reply, n)
 				together(n, func(i int) { replies[i] = b.post(t, "acme", "key-err", tc.in) })
@@ -199,11 +201,11 @@ func TestIdemServerErrorIsRolledBackStoredAndReplayed(t *testing.T) {
 
 func TestRetryServerErrorsReleasesTheKey(t *testing.T) {
 	t.Parallel()
-	forModes(t, testRetryServerErrorsReleasesTheKey)
+	forDriversModes(t, testRetryServerErrorsReleasesTheKey)
 }
 
-func testRetryServerErrorsReleasesTheKey(t *testing.T, mode httpidem.Mode) {
-	b := setup(t, httpidem.Config{ServerErrors: httpidem.RetryServerErrors, Mode: mode})
+func testRetryServerErrorsReleasesTheKey(t *testing.T, drv driver, mode httpidem.Mode) {
+	b := setupOn(t, drv, httpidem.Config{ServerErrors: httpidem.RetryServerErrors, Mode: mode})
 	if r := b.post(t, "acme", "key-retry", order{CartID: "c", Fail: true}); r.status != 500 {
 		t.Fatalf("first = %d, want 500", r.status)
 	}
@@ -224,60 +226,62 @@ func testRetryServerErrorsReleasesTheKey(t *testing.T, mode httpidem.Mode) {
 // request context, bounded by the lease, ends).
 func TestLeaseExpiryLetsRetryExecute(t *testing.T) {
 	t.Parallel()
-	b := setup(t, httpidem.Config{Mode: httpidem.Leased})
-	blockedOrder := cart
-	blockedOrder.Block = true
-	var stale reply
-	var wg sync.WaitGroup
-	wg.Go(func() { stale = b.post(t, "acme", "key-lease", blockedOrder) })
-	select {
-	case <-b.blocked:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the first request never reached the handler")
-	}
-	// While the first holder's lease is live a retry is refused.
-	if r := b.post(t, "acme", "key-lease", blockedOrder); r.status != http.StatusConflict {
-		t.Fatalf("retry during the lease = %d, want 409", r.status)
-	}
-	// The holder hangs (as a process that died would); its lease runs out.
-	b.clock.Advance(httpidem.DefaultLease + time.Second)
-	fresh := b.post(t, "acme", "key-lease", cart)
-	// cart differs from blockedOrder in its body: a takeover must match the
-	// fingerprint, so send the same body.
-	if fresh.status != http.StatusUnprocessableEntity {
-		t.Fatalf("takeover with another body = %d, want 422", fresh.status)
-	}
-	var retry reply
-	wg.Go(func() { retry = b.post(t, "acme", "key-lease", blockedOrder) })
-	select {
-	case <-b.blocked: // the retry executes the handler
-	case <-time.After(10 * time.Second):
-		t.Fatal("the retry after lease expiry did not execute")
-	}
-	// Wake both: the stale holder's completion must be refused.
-	close(b.unblock)
-	wg.Wait()
-	if retry.status != http.StatusCreated || retry.replayed {
-		t.Fatalf("retry after lease expiry = %d replayed=%v %s, want fresh 201", retry.status, retry.replayed, retry.body)
-	}
-	if stale.status != http.StatusConflict {
-		t.Fatalf("stale holder answered %d %s, want 409 (lease lost)", stale.status, stale.body)
-	}
-	if got := b.orders(t, "acme"); got != 1 {
-		t.Fatalf("orders = %d, want exactly 1", got)
-	}
-	if r := b.post(t, "acme", "key-lease", blockedOrder); r.status != http.StatusCreated || !r.replayed || r.id != retry.id {
-		t.Fatalf("after both = %d replayed=%v id=%d, want replay of %d", r.status, r.replayed, r.id, retry.id)
-	}
+	forDrivers(t, func(t *testing.T, drv driver) {
+		b := setupOn(t, drv, httpidem.Config{Mode: httpidem.Leased})
+		blockedOrder := cart
+		blockedOrder.Block = true
+		var stale reply
+		var wg sync.WaitGroup
+		wg.Go(func() { stale = b.post(t, "acme", "key-lease", blockedOrder) })
+		select {
+		case <-b.blocked:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the first request never reached the handler")
+		}
+		// While the first holder's lease is live a retry is refused.
+		if r := b.post(t, "acme", "key-lease", blockedOrder); r.status != http.StatusConflict {
+			t.Fatalf("retry during the lease = %d, want 409", r.status)
+		}
+		// The holder hangs (as a process that died would); its lease runs out.
+		b.clock.Advance(httpidem.DefaultLease + time.Second)
+		fresh := b.post(t, "acme", "key-lease", cart)
+		// cart differs from blockedOrder in its body: a takeover must match the
+		// fingerprint, so send the same body.
+		if fresh.status != http.StatusUnprocessableEntity {
+			t.Fatalf("takeover with another body = %d, want 422", fresh.status)
+		}
+		var retry reply
+		wg.Go(func() { retry = b.post(t, "acme", "key-lease", blockedOrder) })
+		select {
+		case <-b.blocked: // the retry executes the handler
+		case <-time.After(10 * time.Second):
+			t.Fatal("the retry after lease expiry did not execute")
+		}
+		// Wake both: the stale holder's completion must be refused.
+		close(b.unblock)
+		wg.Wait()
+		if retry.status != http.StatusCreated || retry.replayed {
+			t.Fatalf("retry after lease expiry = %d replayed=%v %s, want fresh 201", retry.status, retry.replayed, retry.body)
+		}
+		if stale.status != http.StatusConflict {
+			t.Fatalf("stale holder answered %d %s, want 409 (lease lost)", stale.status, stale.body)
+		}
+		if got := b.orders(t, "acme"); got != 1 {
+			t.Fatalf("orders = %d, want exactly 1", got)
+		}
+		if r := b.post(t, "acme", "key-lease", blockedOrder); r.status != http.StatusCreated || !r.replayed || r.id != retry.id {
+			t.Fatalf("after both = %d replayed=%v id=%d, want replay of %d", r.status, r.replayed, r.id, retry.id)
+		}
+	})
 }
 
 func TestKilledConnectionRollsBackAndReleases(t *testing.T) {
 	t.Parallel()
-	forModes(t, testKilledConnectionRollsBackAndReleases)
+	forDriversModes(t, testKilledConnectionRollsBackAndReleases)
 }
 
-func testKilledConnectionRollsBackAndReleases(t *testing.T, mode httpidem.Mode) {
-	b := setup(t, httpidem.Config{Mode: mode})
+func testKilledConnectionRollsBackAndReleases(t *testing.T, drv driver, mode httpidem.Mode) {
+	b := setupOn(t, drv, httpidem.Config{Mode: mode})
 	kill := cart
 	kill.Kill = true
 	r := b.post(t, "acme", "key-kill", kill)
@@ -394,13 +398,13 @@ func TestRequestTooLargeIs413(t *testing.T) {
 
 func TestOversizeResponse(t *testing.T) {
 	t.Parallel()
-	forModes(t, testOversizeResponse)
+	forDriversModes(t, testOversizeResponse)
 }
 
-func testOversizeResponse(t *testing.T, mode httpidem.Mode) {
+func testOversizeResponse(t *testing.T, drv driver, mode httpidem.Mode) {
 	t.Run("refuse", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, httpidem.Config{MaxResponseBytes: 512, Mode: mode})
+		b := setupOn(t, drv, httpidem.Config{MaxResponseBytes: 512, Mode: mode})
 		big := order{CartID: "c", Big: 1000}
 		r := b.post(t, "acme", "key-big", big)
 		if r.status != http.StatusInternalServerError || !strings.Contains(string(r.body), "over 512 bytes") {
@@ -417,7 +421,7 @@ func testOversizeResponse(t *testing.T, mode httpidem.Mode) {
 	})
 	t.Run("store head", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, httpidem.Config{MaxResponseBytes: 512, Oversize: httpidem.OversizeStoreHead, Mode: mode})
+		b := setupOn(t, drv, httpidem.Config{MaxResponseBytes: 512, Oversize: httpidem.OversizeStoreHead, Mode: mode})
 		big := order{CartID: "c", Big: 1000}
 		first := b.post(t, "acme", "key-big", big)
 		if first.status != http.StatusCreated || len(first.body) < 1000 {
@@ -520,11 +524,11 @@ func TestConfigValidation(t *testing.T) {
 
 func TestAbortedHandlerReleasesTheKey(t *testing.T) {
 	t.Parallel()
-	forModes(t, testAbortedHandlerReleasesTheKey)
+	forDriversModes(t, testAbortedHandlerReleasesTheKey)
 }
 
-func testAbortedHandlerReleasesTheKey(t *testing.T, mode httpidem.Mode) {
-	b := setup(t, httpidem.Config{Mode: mode})
+func testAbortedHandlerReleasesTheKey(t *testing.T, drv driver, mode httpidem.Mode) {
+	b := setupOn(t, drv, httpidem.Config{Mode: mode})
 	abort := cart
 	abort.Abort = true
 	func() {
@@ -546,11 +550,11 @@ func testAbortedHandlerReleasesTheKey(t *testing.T, mode httpidem.Mode) {
 
 func TestClientGoneReleasesTheKey(t *testing.T) {
 	t.Parallel()
-	forModes(t, testClientGoneReleasesTheKey)
+	forDriversModes(t, testClientGoneReleasesTheKey)
 }
 
-func testClientGoneReleasesTheKey(t *testing.T, mode httpidem.Mode) {
-	b := setup(t, httpidem.Config{Mode: mode})
+func testClientGoneReleasesTheKey(t *testing.T, drv driver, mode httpidem.Mode) {
+	b := setupOn(t, drv, httpidem.Config{Mode: mode})
 	wait := cart
 	wait.WaitCtx = true
 	payload, _ := json.Marshal(wait)

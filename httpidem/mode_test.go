@@ -19,53 +19,55 @@ import (
 // answered, so a duplicate that waited for it would hang the test.
 func TestIdemTransactionalDuplicateGets409WithoutWaitingForTheHandler(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	blocked := cart
-	blocked.Block = true
-	var (
-		first    reply
-		finished atomic.Bool
-		wg       sync.WaitGroup
-	)
-	wg.Go(func() { first = b.post(t, "acme", "key-hold", blocked); finished.Store(true) })
-	select {
-	case <-b.blocked:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the first request never reached the handler")
-	}
-	const n = 4
-	replies := make([]reply, n)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		together(n, func(i int) { replies[i] = b.post(t, "acme", "key-hold", blocked) })
-	}()
-	select {
-	case <-done:
-	case <-time.After(60 * time.Second):
+	forDrivers(t, func(t *testing.T, drv driver) {
+		b := setupOn(t, drv)
+		blocked := cart
+		blocked.Block = true
+		var (
+			first    reply
+			finished atomic.Bool
+			wg       sync.WaitGroup
+		)
+		wg.Go(func() { first = b.post(t, "acme", "key-hold", blocked); finished.Store(true) })
+		select {
+		case <-b.blocked:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the first request never reached the handler")
+		}
+		const n = 4
+		replies := make([]reply, n)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			together(n, func(i int) { replies[i] = b.post(t, "acme", "key-hold", blocked) })
+		}()
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			close(b.unblock)
+			wg.Wait()
+			t.Fatal("the duplicates waited for the holder's handler")
+		}
+		for _, r := range replies {
+			if r.status != http.StatusConflict || r.header.Get("Retry-After") == "" {
+				t.Fatalf("duplicate while the holder runs = %d %s, want 409 with Retry-After", r.status, r.body)
+			}
+		}
+		if finished.Load() {
+			t.Fatal("the holder finished before the duplicates answered")
+		}
 		close(b.unblock)
 		wg.Wait()
-		t.Fatal("the duplicates waited for the holder's handler")
-	}
-	for _, r := range replies {
-		if r.status != http.StatusConflict || r.header.Get("Retry-After") == "" {
-			t.Fatalf("duplicate while the holder runs = %d %s, want 409 with Retry-After", r.status, r.body)
+		if first.status != http.StatusCreated || first.replayed {
+			t.Fatalf("holder = %d %s, want 201", first.status, first.body)
 		}
-	}
-	if finished.Load() {
-		t.Fatal("the holder finished before the duplicates answered")
-	}
-	close(b.unblock)
-	wg.Wait()
-	if first.status != http.StatusCreated || first.replayed {
-		t.Fatalf("holder = %d %s, want 201", first.status, first.body)
-	}
-	if r := b.post(t, "acme", "key-hold", blocked); r.status != http.StatusCreated || !r.replayed || r.id != first.id {
-		t.Fatalf("after the holder = %d replayed=%v, want the replay", r.status, r.replayed)
-	}
-	if got := b.orders(t, "acme"); got != 1 {
-		t.Fatalf("orders = %d, want 1", got)
-	}
+		if r := b.post(t, "acme", "key-hold", blocked); r.status != http.StatusCreated || !r.replayed || r.id != first.id {
+			t.Fatalf("after the holder = %d replayed=%v, want the replay", r.status, r.replayed)
+		}
+		if got := b.orders(t, "acme"); got != 1 {
+			t.Fatalf("orders = %d, want 1", got)
+		}
+	})
 }
 
 // TestIdemTransactionalLockTimeoutBoundsOnlyTheClaim: the lock timeout that

@@ -2,6 +2,7 @@ package httpidem
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -38,21 +39,35 @@ type settlement struct {
 	ctx           context.Context
 	cancel        context.CancelFunc
 	claim         *dedupe.Claim
-	tx            pgx.Tx // the request transaction, nil if none
+	tx            reqTx // the request transaction, nil if none
 	status        txState
 	transactional bool         // the claim is in tx
 	log           *slog.Logger // built by logger when first needed
 	err           error        // for the Observer: why the key was not settled with a stored answer (nil when it was)
 }
 
-func (m *Middleware) newSettlement(rctx context.Context, claim *dedupe.Claim, g *guardedTx) *settlement {
+func (m *Middleware) newSettlement(rctx context.Context, claim *dedupe.Claim, tx reqTx) *settlement {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(rctx), settleTimeout)
 	s := &settlement{m: m, ctx: ctx, cancel: cancel, claim: claim, transactional: m.mode == Transactional}
-	if g != nil {
-		s.status = stateOf(g.Tx)
-		s.tx = g.End()
+	if tx != nil {
+		s.status = tx.state()
+		tx.end()
+		s.tx = tx
 	}
 	return s
+}
+
+// endedBehind reports whether err, returned for one of the middleware's
+// own statements in the request transaction, shows that the handler ended
+// the transaction itself (database/sql, where that is not known before);
+// the request is then settled as ended (see execute), with nothing written
+// to the client yet.
+func (s *settlement) endedBehind(err error) bool {
+	if err == nil || s.tx == nil || !s.tx.endedBehind(err) {
+		return false
+	}
+	s.status = txEnded
+	return true
 }
 
 // logger returns the settlement's logger, with the key and the mode. It is
@@ -64,36 +79,25 @@ func (s *settlement) logger() *slog.Logger {
 	return s.log
 }
 
-// stateOf reads tx's state from its connection, without a round trip.
-func stateOf(tx pgx.Tx) txState {
-	conn := tx.Conn()
-	if conn == nil || conn.IsClosed() {
-		return txBroken
-	}
-	switch conn.PgConn().TxStatus() {
-	case 'T':
-		return txOpen
-	case 'E':
-		return txAborted
-	}
-	return txEnded
-}
-
 // complete stores the handler's response with the claim and commits, then
-// answers it.
-func (s *settlement) complete(w http.ResponseWriter, r *http.Request, rec *recorder) {
+// answers it. It returns false, having answered nothing, when the request
+// transaction turns out to have been ended by the handler (endedBehind).
+func (s *settlement) complete(w http.ResponseWriter, r *http.Request, rec *recorder) bool {
 	m := s.m
 	res := rec.result(m.cfg.StoredHeaders)
 	var err error
-	defer func() { s.err = err }()
 	switch {
 	case s.transactional:
-		err = s.commitWith(func() error { return m.inbox.StoreResultTx(s.ctx, s.tx, s.claim, res) })
+		err = s.commitWith(func() error { return m.inbox.StoreResultTx(s.ctx, s.tx.querier(), s.claim, res) })
 	case s.tx != nil:
-		err = s.commitWith(func() error { return m.inbox.CompleteTx(s.ctx, s.tx, s.claim, res) })
+		err = s.commitWith(func() error { return m.inbox.CompleteTx(s.ctx, s.tx.querier(), s.claim, res) })
 	default:
 		err = m.inbox.Complete(s.ctx, s.claim, res)
 	}
+	if s.endedBehind(err) {
+		return false
+	}
+	s.err = err
 	switch {
 	case err == nil:
 		rec.writeTo(w)
@@ -109,6 +113,7 @@ func (s *settlement) complete(w http.ResponseWriter, r *http.Request, rec *recor
 		s.releaseLeased(err)
 		m.refuse(w, r, &Error{Status: http.StatusServiceUnavailable, Err: ErrStore, Detail: "nothing was committed", Cause: err, RetryAfter: 1})
 	}
+	return true
 }
 
 // commitWith runs store in the request transaction and commits, or rolls
@@ -126,13 +131,16 @@ func (s *settlement) commitWith(store func() error) error {
 // StoreServerErrors, the answer is stored with the key; under
 // RetryServerErrors, or when the request's context had ended (the error is
 // an artefact of the cancellation), the key is released. The answer is sent
-// either way.
-func (s *settlement) serverError(w http.ResponseWriter, rec *recorder, cause error, canceled bool) {
+// either way. It returns false, having answered nothing, when the request
+// transaction turns out to have been ended by the handler (endedBehind).
+func (s *settlement) serverError(w http.ResponseWriter, rec *recorder, cause error, canceled bool) bool {
 	m := s.m
 	if canceled || m.cfg.ServerErrors == RetryServerErrors {
-		s.abandon(cause)
+		if !s.abandon(cause) {
+			return false
+		}
 		rec.writeTo(w)
-		return
+		return true
 	}
 	res := rec.result(m.cfg.StoredHeaders)
 	var err error
@@ -140,13 +148,18 @@ func (s *settlement) serverError(w http.ResponseWriter, rec *recorder, cause err
 		// Back to the savepoint after the claim: the effects go, the claim
 		// stays held, so no concurrent duplicate runs the handler again.
 		err = s.commitWith(func() error {
-			if _, err := s.tx.Exec(s.ctx, sqlRollbackSavepoint); err != nil {
+			if _, err := s.tx.querier().Exec(s.ctx, sqlRollbackSavepoint); err != nil {
 				return err
 			}
-			return m.inbox.StoreResultTx(s.ctx, s.tx, s.claim, res)
+			return m.inbox.StoreResultTx(s.ctx, s.tx.querier(), s.claim, res)
 		})
+		if s.endedBehind(err) {
+			return false
+		}
 	} else {
-		rollback(s.ctx, s.tx)
+		if s.endedBehind(rollback(s.ctx, s.tx)) {
+			return false
+		}
 		err = m.inbox.Complete(s.ctx, s.claim, res)
 		if err != nil && !errors.Is(err, dedupe.ErrLeaseLost) {
 			s.releaseLeased(cause)
@@ -161,6 +174,7 @@ func (s *settlement) serverError(w http.ResponseWriter, rec *recorder, cause err
 		s.logger().ErrorContext(s.ctx, "httpidem: storing the error response failed", "err", err)
 	}
 	rec.writeTo(w)
+	return true
 }
 
 // ended settles a request whose transaction ended behind the middleware's
@@ -171,7 +185,8 @@ func (s *settlement) serverError(w http.ResponseWriter, rec *recorder, cause err
 // released); otherwise the key is free again.
 func (s *settlement) ended(w http.ResponseWriter, r *http.Request) {
 	m := s.m
-	rollback(s.ctx, s.tx) // frees the connection
+	rollback(s.ctx, s.tx) //nolint:errcheck // frees the connection
+	s.tx = nil            // over: nothing more runs in it
 	broken := s.status == txBroken
 	endedErr := newError(http.StatusInternalServerError, ErrTxEnded, "the request transaction was ended behind the middleware's back", nil)
 	s.err = endedErr
@@ -185,7 +200,7 @@ func (s *settlement) ended(w http.ResponseWriter, r *http.Request) {
 		rec := newRecorder(context.Background(), m.cfg.MaxResponseBytes, false)
 		WriteError(rec, r, endedErr)
 		s.logger().ErrorContext(s.ctx, "httpidem: the handler ended the request transaction itself")
-		s.serverError(w, rec, endedErr, false)
+		s.serverError(w, rec, endedErr, false) // with no tx: always answers
 		return
 	}
 	committed, err := m.inbox.Resolve(s.ctx, s.claim)
@@ -213,11 +228,16 @@ func (s *settlement) ended(w http.ResponseWriter, r *http.Request) {
 }
 
 // abandon rolls the request's work back and frees the key, so that a retry
-// executes again.
-func (s *settlement) abandon(cause error) {
+// executes again. It returns false, having done nothing, when the request
+// transaction turns out to have been ended by the handler (endedBehind).
+func (s *settlement) abandon(cause error) bool {
+	// In transactional mode, the claim goes with the rollback.
+	if s.endedBehind(rollback(s.ctx, s.tx)) {
+		return false
+	}
 	s.err = cause
-	rollback(s.ctx, s.tx) // in transactional mode, the claim goes with it
 	s.releaseLeased(cause)
+	return true
 }
 
 // releaseLeased frees a leased claim at once. Fail is fenced by the claim's
@@ -237,8 +257,8 @@ func (s *settlement) releaseLeased(cause error) {
 // (Inbox.Resolve). It returns nil when the transaction committed, an error
 // matching dedupe.ErrOutcomeUnknown when that cannot be learnt, and any
 // other error when it did not commit.
-func (m *Middleware) commitTx(ctx context.Context, tx pgx.Tx, claim *dedupe.Claim) error {
-	err := tx.Commit(ctx)
+func (m *Middleware) commitTx(ctx context.Context, tx reqTx, claim *dedupe.Claim) error {
+	err := tx.commit(ctx)
 	if err == nil {
 		return nil
 	}
@@ -262,8 +282,25 @@ func (m *Middleware) commitTx(ctx context.Context, tx pgx.Tx, claim *dedupe.Clai
 // request may have been sent. (The core's rule, which it does not export.)
 func mayHaveApplied(err error) bool {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) || errors.Is(err, pgx.ErrTxClosed) {
+	var state interface{ SQLState() string } // a server's answer through any database/sql driver
+	if errors.As(err, &pgErr) || errors.As(err, &state) || errors.Is(err, pgx.ErrTxCommitRollback) ||
+		errors.Is(err, pgx.ErrTxClosed) || errors.Is(err, sql.ErrTxDone) || isFailedTxCommit(err) {
 		return false
 	}
+	// database/sql drivers say driver.ErrBadConn both for a request that
+	// never left and (lib/pq) for a connection that broke under a COMMIT:
+	// only pgx's word that nothing was sent is taken.
 	return !pgconn.SafeToRetry(err)
+}
+
+// isFailedTxCommit reports lib/pq's refusal to COMMIT a failed transaction,
+// a definite rollback, known by its text (pgx's stdlib says
+// pgx.ErrTxCommitRollback).
+func isFailedTxCommit(err error) bool {
+	for ; err != nil; err = errors.Unwrap(err) {
+		if err.Error() == "pq: Could not complete operation in a failed transaction" {
+			return true
+		}
+	}
+	return false
 }

@@ -2,6 +2,7 @@ package httpidem
 
 import (
 	"context"
+	"database/sql"
 	"net/http"
 	"sync"
 
@@ -11,14 +12,14 @@ import (
 
 // request is the per-request state the middleware puts in the context.
 type request struct {
-	db     pgxDB
+	db     backend
 	claim  *dedupe.Claim
 	txOpts pgx.TxOptions
 
 	mu   sync.Mutex
-	tx   *guardedTx // transactional: begun with the claim; leased: begun lazily by Tx
-	over bool       // the handler returned: Tx refuses
-	err  error      // a failed lazy BEGIN
+	tx   reqTx // transactional: begun with the claim; leased: begun lazily by Tx or SQLTx
+	over bool  // the handler returned: Tx refuses
+	err  error // a failed lazy BEGIN
 }
 
 type requestKey struct{}
@@ -41,10 +42,55 @@ type requestKey struct{}
 // outside a request claimed by the middleware (no key on an optional route,
 // or a method the middleware does not apply to), and ErrTxManaged once the
 // handler has returned.
+//
+// Tx is for a middleware built on a pgx pool; over database/sql, use SQLTx
+// (Tx returns ErrWrongDriver).
 func Tx(ctx context.Context) (pgx.Tx, error) {
+	tx, err := requestTx(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	return tx.handlerTx().(pgx.Tx), nil
+}
+
+// SQLTx is Tx for a middleware built on database/sql (New over a handle
+// wrapped with dedupe.SQL): it returns the request's *sql.Tx, which holds
+// the claim in transactional mode and is begun on the first call in leased
+// mode, and which the middleware commits with the stored response or rolls
+// back, as with Tx.
+//
+// A *sql.Tx cannot be guarded: do not call its Commit or Rollback. A
+// handler that does is found out on the middleware's next statement and
+// answered as one that ended its transaction behind the middleware's back
+// (ErrTxEnded; in transactional mode a fresh connection tells whether the
+// claim committed with it). A COMMIT or ROLLBACK sent as a statement is not
+// seen: the statements that follow, the middleware's included, then run
+// outside any transaction.
+//
+// SQLTx returns ErrNoTx outside a request claimed by the middleware,
+// ErrTxManaged once the handler has returned, and ErrWrongDriver over a
+// middleware built on a pgx pool (use Tx).
+func SQLTx(ctx context.Context) (*sql.Tx, error) {
+	tx, err := requestTx(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	return tx.handlerTx().(*sql.Tx), nil
+}
+
+// requestTx returns the transaction of the request in ctx, begun if it is
+// not yet; isSQL is whether the caller wants database/sql's.
+func requestTx(ctx context.Context, isSQL bool) (reqTx, error) {
 	req, _ := ctx.Value(requestKey{}).(*request)
 	if req == nil {
 		return nil, ErrNoTx
+	}
+	if req.db.isSQL() != isSQL {
+		detail := "the middleware runs on database/sql: use SQLTx"
+		if isSQL {
+			detail = "the middleware runs on a pgx pool: use Tx"
+		}
+		return nil, newError(http.StatusInternalServerError, ErrWrongDriver, detail, nil)
 	}
 	req.mu.Lock()
 	defer req.mu.Unlock()
@@ -52,11 +98,11 @@ func Tx(ctx context.Context) (pgx.Tx, error) {
 		return nil, newError(http.StatusInternalServerError, ErrTxManaged, "the request is over", nil)
 	}
 	if req.tx == nil && req.err == nil {
-		tx, err := req.db.BeginTx(ctx, req.txOpts)
+		tx, err := req.db.begin(ctx, req.txOpts)
 		if err != nil {
 			req.err = newError(http.StatusServiceUnavailable, ErrStore, "begin transaction", err)
 		} else {
-			req.tx = newGuard(tx)
+			req.tx = tx
 		}
 	}
 	if req.err != nil {
@@ -77,9 +123,8 @@ func ClaimFromContext(ctx context.Context) *dedupe.Claim {
 }
 
 // finish ends the handler's use of the request: it returns the request
-// transaction's guard, if there is a transaction, and makes any later Tx
-// call fail.
-func (r *request) finish() *guardedTx {
+// transaction, if there is one, and makes any later Tx or SQLTx call fail.
+func (r *request) finish() reqTx {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.over = true

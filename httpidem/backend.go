@@ -1,0 +1,217 @@
+package httpidem
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/dedupe"
+)
+
+// backend is the one seam between the middleware's logic and the database
+// client it runs on: pgx (pgxBackend, a pool) or database/sql (sqlBackend,
+// a handle wrapped with dedupe.SQL). Everything else — claiming, settling,
+// storing, resolving a lost COMMIT — is written once, over reqTx.
+type backend interface {
+	// claimOnce begins the request transaction with the claim of key in it
+	// (transactional mode): one attempt, without retries. For
+	// OutcomeClaimed it returns the open transaction, the savepoint taken
+	// after the claim when the middleware's policy needs it; for any other
+	// outcome, and on error, nothing stays open and tx is nil.
+	claimOnce(ctx context.Context, m *Middleware, key dedupe.Key) (tx reqTx, claim *dedupe.Claim, err error)
+	// begin begins a transaction for the handler (leased mode, on its
+	// first call of Tx or SQLTx).
+	begin(ctx context.Context, opts pgx.TxOptions) (reqTx, error)
+	// isSQL reports whether handlers receive a *sql.Tx (SQLTx) rather than
+	// a pgx.Tx (Tx).
+	isSQL() bool
+}
+
+// reqTx is the request transaction, as the middleware holds it.
+type reqTx interface {
+	// querier runs the middleware's own statements in the transaction
+	// (the stored response, the rollback to the savepoint).
+	querier() dedupe.Querier
+	commit(ctx context.Context) error
+	rollback(ctx context.Context) error
+	// state is the transaction's state when the handler returned, as far as
+	// it is known without a round trip.
+	state() txState
+	// handlerTx is what the handler receives: a guarded pgx.Tx or the
+	// *sql.Tx.
+	handlerTx() any
+	// end takes the transaction back from the handler once it returned.
+	end()
+	// endedBehind reports whether err, returned for one of the middleware's
+	// own statements, shows that the handler ended the transaction itself:
+	// what database/sql tells only then (sql.ErrTxDone), where pgx's guard
+	// tells it in advance (state).
+	endedBehind(err error) bool
+}
+
+// newBackend returns the backend of db, a pgx pool or a database/sql
+// handle wrapped with dedupe.SQL; false for anything else.
+func newBackend(db dedupe.DB) (backend, bool) {
+	switch d := db.(type) {
+	case *dedupe.SQLDB:
+		return sqlBackend{db: d.DB()}, true
+	case pgxDB:
+		return pgxBackend{db: d}, true
+	}
+	return nil, false
+}
+
+// rollback rolls tx back, if there is one, and returns what the rollback
+// returned.
+func rollback(ctx context.Context, tx reqTx) error {
+	if tx == nil {
+		return nil
+	}
+	return tx.rollback(ctx)
+}
+
+// pgxBackend runs the middleware on a pgx pool: the claim is pipelined
+// with BEGIN (pipelinedTx), the handler gets the transaction guarded.
+type pgxBackend struct{ db pgxDB }
+
+func (b pgxBackend) isSQL() bool { return false }
+
+func (b pgxBackend) claimOnce(ctx context.Context, m *Middleware, key dedupe.Key) (reqTx, *dedupe.Claim, error) {
+	p := &pipelinedTx{db: b.db, opts: m.cfg.TxOptions, lockTimeout: m.lockTimeout,
+		savepoint: m.cfg.ServerErrors == StoreServerErrors}
+	claim, err := m.inbox.Claim(ctx, p, key)
+	if err == nil && claim.Outcome == dedupe.OutcomeClaimed {
+		if err = p.settle(ctx); err == nil {
+			return pgxReq{newGuard(p.tx)}, claim, nil
+		}
+	}
+	if p.tx != nil {
+		_ = p.tx.Rollback(context.WithoutCancel(ctx))
+	}
+	return nil, claim, err
+}
+
+func (b pgxBackend) begin(ctx context.Context, opts pgx.TxOptions) (reqTx, error) {
+	tx, err := b.db.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return pgxReq{newGuard(tx)}, nil
+}
+
+// pgxReq is a pgx request transaction: the handler gets it guarded, the
+// middleware runs its statements on the transaction itself.
+type pgxReq struct{ g *guardedTx }
+
+func (r pgxReq) querier() dedupe.Querier            { return r.g.Tx }
+func (r pgxReq) commit(ctx context.Context) error   { return r.g.Tx.Commit(ctx) }
+func (r pgxReq) rollback(ctx context.Context) error { return r.g.Tx.Rollback(ctx) }
+func (r pgxReq) state() txState                     { return stateOf(r.g.Tx) }
+func (r pgxReq) handlerTx() any                     { return r.g }
+func (r pgxReq) end()                               { r.g.End() }
+func (r pgxReq) endedBehind(error) bool             { return false }
+
+// stateOf reads tx's state from its connection, without a round trip.
+func stateOf(tx pgx.Tx) txState {
+	conn := tx.Conn()
+	if conn == nil || conn.IsClosed() {
+		return txBroken
+	}
+	switch conn.PgConn().TxStatus() {
+	case 'T':
+		return txOpen
+	case 'E':
+		return txAborted
+	}
+	return txEnded
+}
+
+// sqlBackend runs the middleware on database/sql: BEGIN, the lock timeout,
+// the claim and the savepoint go one after the other, and the handler gets
+// the *sql.Tx, which cannot be guarded (see reqTx.endedBehind).
+type sqlBackend struct{ db *sql.DB }
+
+func (b sqlBackend) isSQL() bool { return true }
+
+func (b sqlBackend) claimOnce(ctx context.Context, m *Middleware, key dedupe.Key) (reqTx, *dedupe.Claim, error) {
+	tx, err := b.begin(ctx, m.cfg.TxOptions)
+	if err != nil {
+		return nil, nil, err
+	}
+	claim, err := b.claimIn(ctx, m, tx.(*sqlReq), key)
+	if err != nil || claim.Outcome != dedupe.OutcomeClaimed {
+		_ = tx.rollback(ctx)
+		return nil, claim, err
+	}
+	return tx, claim, nil
+}
+
+// claimIn claims key in tx under the lock timeout, then restores the
+// transaction's lock timeout and takes the savepoint (one statement, sent
+// as a simple query).
+func (b sqlBackend) claimIn(ctx context.Context, m *Middleware, tx *sqlReq, key dedupe.Key) (*dedupe.Claim, error) {
+	if _, err := tx.q.Exec(ctx, sqlSetLockTimeout, m.lockTimeout); err != nil {
+		return nil, err
+	}
+	claim, err := m.inbox.Claim(ctx, tx.q, key)
+	if err != nil || claim.Outcome != dedupe.OutcomeClaimed {
+		return claim, err
+	}
+	stmt := sqlRestoreLockTimeout
+	if m.cfg.ServerErrors == StoreServerErrors {
+		stmt += "; " + sqlSavepoint
+	}
+	_, err = tx.q.Exec(ctx, stmt)
+	return claim, err
+}
+
+func (b sqlBackend) begin(ctx context.Context, opts pgx.TxOptions) (reqTx, error) {
+	so := &sql.TxOptions{ReadOnly: opts.AccessMode == pgx.ReadOnly}
+	switch opts.IsoLevel {
+	case pgx.Serializable:
+		so.Isolation = sql.LevelSerializable
+	case pgx.RepeatableRead:
+		so.Isolation = sql.LevelRepeatableRead
+	case pgx.ReadCommitted:
+		so.Isolation = sql.LevelReadCommitted
+	case pgx.ReadUncommitted:
+		so.Isolation = sql.LevelReadUncommitted
+	}
+	// database/sql rolls a transaction back when the context it was begun
+	// with ends: the request's must not end it (the middleware settles the
+	// claim after a client went away), only the middleware.
+	tx, err := b.db.BeginTx(context.WithoutCancel(ctx), so)
+	if err != nil {
+		return nil, err
+	}
+	r := &sqlReq{tx: tx, q: dedupe.SQLTx(tx)}
+	if opts.DeferrableMode == pgx.Deferrable {
+		if _, err := r.q.Exec(ctx, "SET TRANSACTION DEFERRABLE"); err != nil {
+			_ = tx.Rollback()
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// sqlReq is a database/sql request transaction.
+type sqlReq struct {
+	tx *sql.Tx
+	q  dedupe.Querier // dedupe.SQLTx(tx)
+}
+
+func (r *sqlReq) querier() dedupe.Querier        { return r.q }
+func (r *sqlReq) commit(context.Context) error   { return r.tx.Commit() }
+func (r *sqlReq) rollback(context.Context) error { return r.tx.Rollback() }
+
+// state cannot be read without a round trip: a transaction the handler
+// ended shows on the middleware's next statement (endedBehind), a failed
+// or broken one when its statements or its COMMIT are refused.
+func (r *sqlReq) state() txState { return txOpen }
+func (r *sqlReq) handlerTx() any { return r.tx }
+func (r *sqlReq) end()           {}
+func (r *sqlReq) endedBehind(err error) bool {
+	return errors.Is(err, sql.ErrTxDone)
+}
