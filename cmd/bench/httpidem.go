@@ -204,7 +204,11 @@ func createOrder(w http.ResponseWriter, r *http.Request) {
 // (409 while a concurrent request holds the key), 422 for another payload,
 // the replay of the stored response, and a new order committed together
 // with its stored response. It begins its transaction the usual way (BEGIN
-// with SET LOCAL lock_timeout, then the claim).
+// with SET LOCAL lock_timeout), then sends the claim, the end of its lock
+// timeout (the handler's own statements must not be cut off by it) and a
+// savepoint in one batch: a failing order rolls back to the savepoint and
+// its 500 is stored with the key, as httpidem's default (StoreServerErrors)
+// does, the same statements for the same guarantees.
 func handWrittenIdem(pool *pgxpool.Pool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
@@ -229,12 +233,22 @@ func handWrittenIdem(pool *pgxpool.Pool) http.Handler {
 			return
 		}
 		defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-		var one int
-		err = tx.QueryRow(ctx, sqlHandIdClaim, tenant, key, fp).Scan(&one)
-		inserted := err == nil
-		if errors.Is(err, pgx.ErrNoRows) {
-			err = nil
-		}
+		var (
+			one      int
+			inserted bool
+		)
+		b := &pgx.Batch{}
+		b.Queue(sqlHandIdClaim, tenant, key, fp).QueryRow(func(row pgx.Row) error {
+			err := row.Scan(&one)
+			inserted = err == nil
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			return err
+		})
+		b.Queue(`SET LOCAL lock_timeout TO DEFAULT`)
+		b.Queue(`SAVEPOINT before_order`)
+		err = tx.SendBatch(ctx, b).Close()
 		var pgErr *pgconn.PgError
 		switch {
 		case errors.As(err, &pgErr) && pgErr.Code == "55P03":
@@ -271,7 +285,20 @@ func handWrittenIdem(pool *pgxpool.Pool) http.Handler {
 		}
 		var out created
 		if err := tx.QueryRow(ctx, sqlOrder, tenant, in.CartID, in.TotalCents).Scan(&out.ID); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+			// The order rolls back; its 500 is stored with the key.
+			msg := []byte(err.Error())
+			_, rerr := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT before_order`)
+			if rerr == nil {
+				_, rerr = tx.Exec(ctx, sqlHandIdStore, tenant, key, http.StatusInternalServerError, []byte(`{}`), msg)
+			}
+			if rerr == nil {
+				rerr = tx.Commit(ctx)
+			}
+			if rerr != nil {
+				http.Error(w, rerr.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			http.Error(w, string(msg), http.StatusInternalServerError)
 			return
 		}
 		resp, _ := json.Marshal(out)
