@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactlyonce/dedupe/internal/txopts"
 )
 
 // SQL wraps a database/sql handle to PostgreSQL (over pgx's stdlib, lib/pq or
@@ -55,17 +57,7 @@ func (d *SQLDB) listenPool() *pgxpool.Pool { return nil }
 func (d *SQLDB) newBatch(pgx.TxOptions) *pgx.Batch { return &pgx.Batch{} }
 
 func (d *SQLDB) begin(ctx context.Context, opts pgx.TxOptions, b *pgx.Batch) (txConn, error) {
-	so := &sql.TxOptions{ReadOnly: opts.AccessMode == pgx.ReadOnly}
-	switch opts.IsoLevel {
-	case pgx.Serializable:
-		so.Isolation = sql.LevelSerializable
-	case pgx.RepeatableRead:
-		so.Isolation = sql.LevelRepeatableRead
-	case pgx.ReadCommitted:
-		so.Isolation = sql.LevelReadCommitted
-	case pgx.ReadUncommitted:
-		so.Isolation = sql.LevelReadUncommitted
-	}
+	so := txopts.SQL(opts)
 	tx, err := d.db.BeginTx(ctx, so)
 	if err != nil {
 		return nil, err

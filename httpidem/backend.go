@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/internal/txopts"
 )
 
 // backend is the one seam between the middleware's logic and the database
@@ -168,17 +169,7 @@ func (b sqlBackend) claimIn(ctx context.Context, m *Middleware, tx *sqlReq, key 
 }
 
 func (b sqlBackend) begin(ctx context.Context, opts pgx.TxOptions) (reqTx, error) {
-	so := &sql.TxOptions{ReadOnly: opts.AccessMode == pgx.ReadOnly}
-	switch opts.IsoLevel {
-	case pgx.Serializable:
-		so.Isolation = sql.LevelSerializable
-	case pgx.RepeatableRead:
-		so.Isolation = sql.LevelRepeatableRead
-	case pgx.ReadCommitted:
-		so.Isolation = sql.LevelReadCommitted
-	case pgx.ReadUncommitted:
-		so.Isolation = sql.LevelReadUncommitted
-	}
+	so := txopts.SQL(opts)
 	// database/sql rolls a transaction back when the context it was begun
 	// with ends: the request's must not end it (the middleware settles the
 	// claim after a client went away), only the middleware.

@@ -418,19 +418,7 @@ func isCommit(ev pgproxy.Event) bool { return ev.Kind == pgproxy.Commit }
 // stdlib whose connections pass through the proxy, wrapped with dedupe.SQL.
 func sqlProxyDB(t *testing.T, url string, policy pgproxy.Policy) (*dedupe.SQLDB, *pgproxy.Proxy) {
 	t.Helper()
-	host, err := pgproxy.Host(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := pgproxy.Start(host, policy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	u, err := p.URL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
+	u, p := dbtest.ProxyURL(t, url, policy)
 	return sqlDriver.open(t, u, 8).(*dedupe.SQLDB), p
 }
 

@@ -14,6 +14,20 @@ import (
 // close when the test ends.
 func ProxyPool(t testing.TB, url string, policy pgproxy.Policy) (*pgxpool.Pool, *pgproxy.Proxy) {
 	t.Helper()
+	u, p := ProxyURL(t, url, policy)
+	pool, err := pgxpool.New(context.Background(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, p
+}
+
+// ProxyURL starts a PostgreSQL-protocol proxy applying policy in front of
+// the server of url and returns url through it, for clients other than a
+// pgx pool (database/sql); the proxy closes when the test ends.
+func ProxyURL(t testing.TB, url string, policy pgproxy.Policy) (string, *pgproxy.Proxy) {
+	t.Helper()
 	host, err := pgproxy.Host(url)
 	if err != nil {
 		t.Fatal(err)
@@ -27,10 +41,5 @@ func ProxyPool(t testing.TB, url string, policy pgproxy.Policy) (*pgxpool.Pool, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := pgxpool.New(context.Background(), u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool, p
+	return u, p
 }

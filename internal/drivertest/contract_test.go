@@ -424,19 +424,7 @@ func contract[TTx any](t *testing.T, k kit[TTx]) {
 // returns the URL through it.
 func startProxy(t *testing.T, url string, policy pgproxy.Policy) string {
 	t.Helper()
-	host, err := pgproxy.Host(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := pgproxy.Start(host, policy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	u, err := p.URL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
+	u, _ := dbtest.ProxyURL(t, url, policy)
 	return u
 }
 
