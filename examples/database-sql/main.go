@@ -89,6 +89,10 @@ func run(ctx context.Context, base string, n, copies int) (report, error) {
 		return rep, err
 	}
 	defer db.Close()
+	// database/sql opens a connection per concurrent call unless told
+	// otherwise: bound it, as a pgx pool is, below the server's
+	// max_connections (every delivery below runs at once).
+	db.SetMaxOpenConns(8)
 	if _, err := db.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
 		return rep, fmt.Errorf("create schema: %w", err)
 	}

@@ -640,6 +640,7 @@ func TestMaxDeliverPoisonRecordedOnLastDeliveryDatabaseSQL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	sqlDB.SetMaxOpenConns(8)
 	t.Cleanup(func() { _ = sqlDB.Close() })
 	c := observetest.New()
 	inbox, err := dedupe.New(dedupe.SQL(sqlDB), dedupe.Config{Observer: c})
