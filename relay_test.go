@@ -464,29 +464,56 @@ func TestRelayCleanupKeepsRetention(t *testing.T) {
 	}
 }
 
-// TestRelayWithoutNotifyWaitsForThePoll: a quiet outbox sends no NOTIFY, so
-// a listening relay with a long poll does not see its message until a
-// notifying enqueue wakes it.
+// TestRelayWithoutNotifyWaitsForThePoll: an outbox WithoutNotify enqueues
+// without a NOTIFY, so a listening relay is not woken for it; the next
+// notification (or poll) publishes it with the rest. Notifications arrive
+// in commit order, so a sentinel sent after both enqueues shows exactly
+// which of them notified, whatever the machine's speed.
 func TestRelayWithoutNotifyWaitsForThePoll(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
 	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{})
 	quiet := b.outbox.WithoutNotify()
-	rec := newRecorder()
-	runRelay(t, b.relay(t, rec, dedupe.RelayConfig{PollInterval: time.Minute}))
-	time.Sleep(200 * time.Millisecond) // the first poll has run
-	if err := pgx.BeginFunc(context.Background(), b.db.Pool, func(tx pgx.Tx) error {
-		_, err := quiet.Enqueue(context.Background(), tx, dedupe.Message{Topic: "t", Payload: []byte("quiet")})
+	ctx := context.Background()
+	conn, err := pgx.ConnectConfig(ctx, b.db.Pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var channel string
+	if err := conn.QueryRow(ctx, `SELECT 'dedupe_outbox_' || 'dedupe_outbox'::regclass::oid::text`).Scan(&channel); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		_, err := quiet.Enqueue(ctx, tx, dedupe.Message{Topic: "t", Payload: []byte("quiet")})
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond)
-	if got, _, _ := rec.snapshot(); len(got) != 0 {
-		t.Fatalf("quiet message published without a wake-up: %d", len(got))
-	}
 	b.enqueue(t, dedupe.Message{Topic: "t", Payload: []byte("loud")})
-	waitFor(t, 5*time.Second, "both after the notification", func() bool { got, _, _ := rec.snapshot(); return len(got) == 2 })
+	b.db.Exec(t, `SELECT pg_notify($1, 'sentinel')`, channel)
+	notified := 0
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("waiting for the sentinel: %v", err)
+		}
+		if n.Payload == "sentinel" {
+			break
+		}
+		notified++
+	}
+	if notified != 1 {
+		t.Fatalf("%d notifications for one loud and one quiet enqueue, want 1", notified)
+	}
+	rec := newRecorder()
+	runRelay(t, b.relay(t, rec, dedupe.RelayConfig{PollInterval: time.Minute}))
+	waitFor(t, 5*time.Second, "both published", func() bool { got, _, _ := rec.snapshot(); return len(got) == 2 })
 }
 
 // TestRelayScanWindowMovesPastBlockedRows: the first windows hold only a

@@ -29,13 +29,28 @@ func keyless(n int, tag string) []kafka.Message {
 // offsets restart at 0 and the group's committed offsets are gone.
 func (b *bundle) recreate(t *testing.T, partitions int) {
 	t.Helper()
+	b.deleteTopic(t)
+	b.createTopic(t, partitions)
+}
+
+// deleteTopic deletes the bundle's topic.
+func (b *bundle) deleteTopic(t *testing.T) {
+	t.Helper()
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	cl := &kafka.Client{Addr: kafka.TCP(b.brokers...), Transport: tr, Timeout: 10 * time.Second}
+	if _, err := cl.DeleteTopics(context.Background(), &kafka.DeleteTopicsRequest{Topics: []string{b.topic}}); err != nil {
+		t.Fatalf("delete topic: %v", err)
+	}
+}
+
+// createTopic creates the bundle's topic (again) with partitions.
+func (b *bundle) createTopic(t *testing.T, partitions int) {
+	t.Helper()
 	tr := &kafka.Transport{}
 	defer tr.CloseIdleConnections()
 	cl := &kafka.Client{Addr: kafka.TCP(b.brokers...), Transport: tr, Timeout: 10 * time.Second}
 	ctx := context.Background()
-	if _, err := cl.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{b.topic}}); err != nil {
-		t.Fatalf("delete topic: %v", err)
-	}
 	dbtest.WaitFor(t, 30*time.Second, "the topic to be created again", func() bool {
 		res, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: b.topic, NumPartitions: partitions, ReplicationFactor: 1}}})
 		if err != nil {
@@ -180,7 +195,14 @@ func TestTopicRecreatedUnderRunningMember(t *testing.T) {
 		rc.PartitionWatchInterval = 50 * time.Millisecond
 	})
 	b.waitDrained(t, 30*time.Second)
-	b.recreate(t, 1)
+	// The member must see the topic gone before it exists again: paced by
+	// the member's progress (its log), not by time, which a loaded machine
+	// stretches past the recreation.
+	b.deleteTopic(t)
+	dbtest.WaitFor(t, 30*time.Second, "the member to see its partition vanish", func() bool {
+		return b.log.contains("a partition vanished")
+	})
+	b.createTopic(t, 1)
 	b.produce(t, numbered(8, "new-%d", nil)...)
 	b.waitDrained(t, 30*time.Second)
 	b.wantEffects(t, 13)
