@@ -2,7 +2,6 @@ package dedupe
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"reflect"
@@ -10,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactlyonce/dedupe/internal/pgerr"
 )
 
 // driver is the seam between the core and a database client library: the
@@ -217,9 +218,7 @@ func eraseTx[TTx, M any](d driver, h func(ctx context.Context, tx TTx, msg M) er
 }
 
 // isTxDone reports an error of a transaction that was already ended.
-func isTxDone(err error) bool {
-	return errors.Is(err, pgx.ErrTxClosed) || errors.Is(err, sql.ErrTxDone)
-}
+func isTxDone(err error) bool { return pgerr.IsTxDone(err) }
 
 // inTx runs f in a transaction of d and commits it when f returns nil.
 func inTx(ctx context.Context, d driver, f func(tx Querier) error) error {

@@ -3,10 +3,10 @@ package dedupe
 import (
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/exactlyonce/dedupe/internal/pgerr"
 )
 
 // Sentinel errors. Every error the package returns for a refusal matches one
@@ -205,51 +205,15 @@ const (
 )
 
 // mayHaveApplied reports whether err, returned for a statement (or COMMIT),
-// leaves it unknown whether the server applied it: the connection failed
-// after the request may have been sent. An error the server answered (a
-// *pgconn.PgError) or one pgconn marks safe to retry (nothing was sent) is
-// not such an error.
+// leaves it unknown whether the server applied it (internal/pgerr: the
+// connection failed after the request may have been sent). The package's
+// own refusals and pgx.ErrNoRows are answers.
 func mayHaveApplied(err error) bool {
-	if err == nil {
-		return false
-	}
-	if _, ok := sqlState(err); ok || errors.Is(err, pgx.ErrTxCommitRollback) || isTxDone(err) ||
-		errors.Is(err, pgx.ErrNoRows) || isRefusal(err) || isFailedTxCommit(err) {
-		return false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return false
-	}
-	// pgx knows when a request never left; database/sql drivers say
-	// driver.ErrBadConn for that but also (lib/pq) for a connection that
-	// broke under a COMMIT, so only pgx's word is taken.
-	return !pgconn.SafeToRetry(err)
+	return !errors.Is(err, pgx.ErrNoRows) && !isRefusal(err) && pgerr.MayHaveApplied(err)
 }
 
-// sqlState returns the SQLSTATE of a server error, from any driver:
-// *pgconn.PgError (pgx, and database/sql over pgx) and lib/pq's *pq.Error
-// both have the method.
-func sqlState(err error) (string, bool) {
-	var se interface{ SQLState() string }
-	if errors.As(err, &se) {
-		return se.SQLState(), true
-	}
-	return "", false
-}
-
-// isFailedTxCommit reports a database/sql driver's refusal to COMMIT a
-// failed transaction, a definite rollback: pgx's stdlib says
-// pgx.ErrTxCommitRollback, lib/pq its ErrInFailedTransaction, known by its
-// text, in either case of its versions (dedupe does not depend on lib/pq).
-func isFailedTxCommit(err error) bool {
-	for ; err != nil; err = errors.Unwrap(err) {
-		if strings.EqualFold(err.Error(), "pq: could not complete operation in a failed transaction") {
-			return true
-		}
-	}
-	return false
-}
+// sqlState returns the SQLSTATE of a server error from any driver.
+func sqlState(err error) (string, bool) { return pgerr.SQLState(err) }
 
 // refusals are the sentinels of answers the server gave (a statement that
 // ran and changed nothing, a key in another state): never a lost reply.

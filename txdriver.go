@@ -7,6 +7,8 @@ import (
 	"runtime/debug"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/dedupe/internal/pgerr"
 )
 
 // txDriver is what Consumer and BatchConsumer share: how a claim's
@@ -75,7 +77,7 @@ func (d *txDriver) commit(ctx context.Context, tx txConn, claim *Claim) (Outcome
 	if err == nil {
 		return OutcomeClaimed, nil
 	}
-	if errors.Is(err, pgx.ErrTxCommitRollback) || isFailedTxCommit(err) {
+	if pgerr.IsFailedTxCommit(err) {
 		// A statement of the handler failed and it returned nil: what the
 		// guard catches before COMMIT with pgx, a *sql.Tx shows only now.
 		return 0, fmt.Errorf("%w: a statement failed and the handler returned nil: %w", errFailedTx, err)

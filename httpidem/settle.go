@@ -2,17 +2,15 @@ package httpidem
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/exactlyonce/dedupe"
+
+	"github.com/exactlyonce/dedupe/internal/pgerr"
 )
 
 // settleTimeout bounds the statements that settle a claim after the handler
@@ -278,29 +276,5 @@ func (m *Middleware) commitTx(ctx context.Context, tx reqTx, claim *dedupe.Claim
 }
 
 // mayHaveApplied reports whether err, returned by a COMMIT, leaves it
-// unknown whether the server applied it: the connection failed after the
-// request may have been sent. (The core's rule, which it does not export.)
-func mayHaveApplied(err error) bool {
-	var pgErr *pgconn.PgError
-	var state interface{ SQLState() string } // a server's answer through any database/sql driver
-	if errors.As(err, &pgErr) || errors.As(err, &state) || errors.Is(err, pgx.ErrTxCommitRollback) ||
-		errors.Is(err, pgx.ErrTxClosed) || errors.Is(err, sql.ErrTxDone) || isFailedTxCommit(err) {
-		return false
-	}
-	// database/sql drivers say driver.ErrBadConn both for a request that
-	// never left and (lib/pq) for a connection that broke under a COMMIT:
-	// only pgx's word that nothing was sent is taken.
-	return !pgconn.SafeToRetry(err)
-}
-
-// isFailedTxCommit reports lib/pq's refusal to COMMIT a failed transaction,
-// a definite rollback, known by its text (pgx's stdlib says
-// pgx.ErrTxCommitRollback).
-func isFailedTxCommit(err error) bool {
-	for ; err != nil; err = errors.Unwrap(err) {
-		if err.Error() == "pq: Could not complete operation in a failed transaction" {
-			return true
-		}
-	}
-	return false
-}
+// unknown whether the server applied it (the rule the core uses too).
+func mayHaveApplied(err error) bool { return pgerr.MayHaveApplied(err) }

@@ -1,0 +1,61 @@
+// Package pgerr classifies the errors of any PostgreSQL driver (pgx, and
+// database/sql over pgx's stdlib or lib/pq) for the core and httpidem: a
+// server's answer, a definite rollback, or a request whose outcome is
+// unknown.
+package pgerr
+
+import (
+	"database/sql"
+	"errors"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// SQLState returns the SQLSTATE of a server error, from any driver:
+// *pgconn.PgError and lib/pq's *pq.Error both have the method.
+func SQLState(err error) (string, bool) {
+	var se interface{ SQLState() string }
+	if errors.As(err, &se) {
+		return se.SQLState(), true
+	}
+	return "", false
+}
+
+// IsTxDone reports an error of a transaction that was already ended.
+func IsTxDone(err error) bool {
+	return errors.Is(err, pgx.ErrTxClosed) || errors.Is(err, sql.ErrTxDone)
+}
+
+// IsFailedTxCommit reports a COMMIT refused because the transaction had
+// failed, a definite rollback: pgx (and its stdlib) say
+// pgx.ErrTxCommitRollback, lib/pq its ErrInFailedTransaction, known by its
+// text in either case of its versions (nothing here depends on lib/pq).
+func IsFailedTxCommit(err error) bool {
+	if errors.Is(err, pgx.ErrTxCommitRollback) {
+		return true
+	}
+	for ; err != nil; err = errors.Unwrap(err) {
+		if strings.EqualFold(err.Error(), "pq: could not complete operation in a failed transaction") {
+			return true
+		}
+	}
+	return false
+}
+
+// MayHaveApplied reports whether a statement (a COMMIT above all) that
+// failed with err may still have taken effect: not when the server
+// answered, the transaction was already over or refused the COMMIT, or pgx
+// knows the request never left. database/sql drivers say driver.ErrBadConn
+// both for a request that never left and (lib/pq) for a connection that
+// broke under a COMMIT, so only pgx's word is taken.
+func MayHaveApplied(err error) bool {
+	if err == nil {
+		return false
+	}
+	if _, ok := SQLState(err); ok || IsTxDone(err) || IsFailedTxCommit(err) {
+		return false
+	}
+	return !pgconn.SafeToRetry(err)
+}
