@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,10 +25,13 @@ import (
 // then receive a *sql.Tx (see TxHandlerFunc), and the guarantees are the
 // same as with pgx.
 //
-// What database/sql cannot do costs round trips, never correctness: BEGIN,
-// the claim and the read of an existing key are sent one after the other
-// (pgx sends them together), and the Relay cannot LISTEN, so it polls
-// (RelayConfig.PollInterval). A handler's *sql.Tx cannot be guarded: a
+// What database/sql cannot do costs round trips, never correctness. Over
+// pgx's stdlib, BEGIN goes alone and the claim, the read of an existing key
+// and the savepoint follow in one round trip, through the *pgx.Conn under
+// the transaction (pgx sends all of them together); over other drivers
+// (lib/pq, or pgx's stdlib wrapped by another driver) they are sent one
+// after the other, each only when needed. The Relay cannot LISTEN, so it
+// polls (RelayConfig.PollInterval). A handler's *sql.Tx cannot be guarded: a
 // handler that commits or rolls back itself gets ErrTxEnded from Handle,
 // and its message is redelivered (and found complete if it committed).
 func SQL(db *sql.DB) *SQLDB { return &SQLDB{sqlQuerier: sqlQuerier{db}, db: db} }
@@ -42,6 +46,10 @@ func SQLTx(tx *sql.Tx) Querier { return sqlQuerier{tx} }
 type SQLDB struct {
 	sqlQuerier
 	db *sql.DB
+	// pgxConns is 1 once a connection of db showed to be pgx's stdlib's
+	// (statements behind BEGIN then go in one round trip), -1 once one
+	// showed not to be, 0 before.
+	pgxConns atomic.Int32
 }
 
 // DB returns the wrapped handle, for packages built on the inbox that run
@@ -57,23 +65,68 @@ func (d *SQLDB) listenPool() *pgxpool.Pool { return nil }
 func (d *SQLDB) newBatch(pgx.TxOptions) *pgx.Batch { return &pgx.Batch{} }
 
 func (d *SQLDB) begin(ctx context.Context, opts pgx.TxOptions, b *pgx.Batch) (txConn, error) {
+	if b != nil && len(b.QueuedQueries) > 0 && d.pgxConns.Load() >= 0 {
+		return d.beginPipelined(ctx, opts, b)
+	}
 	so := txopts.SQL(opts)
 	tx, err := d.db.BeginTx(ctx, so)
 	if err != nil {
 		return nil, err
 	}
 	t := &sqlTx{sqlQuerier: sqlQuerier{tx}, tx: tx}
-	if opts.DeferrableMode == pgx.Deferrable {
-		if _, err := t.Exec(ctx, "SET TRANSACTION DEFERRABLE"); err != nil {
-			_ = tx.Rollback()
-			return nil, err
-		}
+	if err := t.setDeferrable(ctx, opts); err != nil {
+		return nil, err
 	}
 	if b != nil {
 		if err := sendBatch(ctx, t, b); err != nil {
-			_ = tx.Rollback()
+			_ = t.Rollback(ctx)
 			return nil, err
 		}
+	}
+	return t, nil
+}
+
+// pgxConner is a database/sql driver connection of pgx's stdlib, which
+// hands out the *pgx.Conn under it.
+type pgxConner interface{ Conn() *pgx.Conn }
+
+// errNotPgx is a driver connection that is not a pgxConner.
+var errNotPgx = errors.New("dedupe: not a pgx stdlib connection")
+
+// beginPipelined begins a transaction on a connection of its own and, when
+// the driver is pgx's stdlib, sends b's statements through the *pgx.Conn
+// under it in one round trip, as the pgx driver does behind BEGIN: the
+// handler's *sql.Tx then runs on that connection. A driver that is not pgx's
+// stdlib is remembered, and its statements run one by one.
+func (d *SQLDB) beginPipelined(ctx context.Context, opts pgx.TxOptions, b *pgx.Batch) (txConn, error) {
+	conn, err := d.db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := conn.BeginTx(ctx, txopts.SQL(opts))
+	if err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	t := &sqlTx{sqlQuerier: sqlQuerier{tx}, tx: tx, conn: conn}
+	if err := t.setDeferrable(ctx, opts); err != nil {
+		return nil, err
+	}
+	err = conn.Raw(func(dc any) error {
+		pc, ok := dc.(pgxConner)
+		if !ok {
+			return errNotPgx
+		}
+		d.pgxConns.Store(1)
+		return pc.Conn().SendBatch(ctx, b).Close()
+	})
+	if errors.Is(err, errNotPgx) {
+		d.pgxConns.Store(-1)
+		err = sendBatch(ctx, t, b)
+	}
+	if err != nil {
+		_ = t.Rollback(ctx)
+		return nil, err
 	}
 	return t, nil
 }
@@ -81,12 +134,36 @@ func (d *SQLDB) begin(ctx context.Context, opts pgx.TxOptions, b *pgx.Batch) (tx
 // sqlTx is a database/sql transaction; its handler receives the *sql.Tx.
 type sqlTx struct {
 	sqlQuerier
-	tx *sql.Tx
+	tx   *sql.Tx
+	conn *sql.Conn // the connection tx holds, when begun on one (beginPipelined)
 }
 
-func (t *sqlTx) Commit(context.Context) error   { return t.tx.Commit() }
-func (t *sqlTx) Rollback(context.Context) error { return t.tx.Rollback() }
-func (t *sqlTx) handlerTx() any                 { return t.tx }
+// setDeferrable makes t DEFERRABLE if opts say so (database/sql has no
+// option for it); on error t is rolled back.
+func (t *sqlTx) setDeferrable(ctx context.Context, opts pgx.TxOptions) error {
+	if opts.DeferrableMode != pgx.Deferrable {
+		return nil
+	}
+	if _, err := t.Exec(ctx, "SET TRANSACTION DEFERRABLE"); err != nil {
+		_ = t.Rollback(ctx)
+		return err
+	}
+	return nil
+}
+
+func (t *sqlTx) Commit(context.Context) error { return t.release(t.tx.Commit()) }
+
+func (t *sqlTx) Rollback(context.Context) error { return t.release(t.tx.Rollback()) }
+
+// release returns the connection t was begun on to the pool, once t ended
+// (a *sql.Conn cannot close while its transaction is open).
+func (t *sqlTx) release(err error) error {
+	if t.conn != nil {
+		_ = t.conn.Close()
+	}
+	return err
+}
+func (t *sqlTx) handlerTx() any { return t.tx }
 
 // status cannot be read without a round trip: an ended or failed
 // transaction shows when the next statement or the COMMIT is refused.

@@ -109,13 +109,13 @@ func TestBenchTinyRunReportsEveryRow(t *testing.T) {
 	// key costs BEGIN+claim (one pipeline), the effect and COMMIT against
 	// BEGIN, claim, effect, COMMIT by hand; a duplicate costs the pipeline
 	// and ROLLBACK against BEGIN, claim, read, COMMIT. Over database/sql
-	// the pipeline's statements go one after the other: BEGIN, claim, read,
-	// savepoint, then the effect and COMMIT, or ROLLBACK.
+	// (pgx's stdlib) BEGIN goes alone, then the claim, read and savepoint
+	// in one pipeline, then the effect and COMMIT, or ROLLBACK.
 	for name, want := range map[string]string{
 		"Consumer.Handle, new key":                     "3.00 / 4.00",
 		"Consumer.Handle, duplicate":                   "2.00 / 4.00",
-		"Consumer.Handle over database/sql, new key":   "5.00 / 4.00",
-		"Consumer.Handle over database/sql, duplicate": "4.00 / 4.00",
+		"Consumer.Handle over database/sql, new key":   "4.00 / 4.00",
+		"Consumer.Handle over database/sql, duplicate": "3.00 / 4.00",
 		"Inbox.ClaimBatch + effects":                   "0.40 / 0.40",
 	} {
 		if got := costs[name]; len(got) < 3 || got[2] != want {
