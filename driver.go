@@ -26,11 +26,13 @@ type driver interface {
 	newBatch(opts pgx.TxOptions) *pgx.Batch
 	// begin begins a transaction with opts and runs b's statements in it
 	// (b from newBatch(opts), or nil). pgx sends BEGIN and b in one round
-	// trip; database/sql runs them one after the other. On error nothing
-	// stays open.
+	// trip; database/sql sends BEGIN alone, then b in one round trip over
+	// pgx's stdlib, or one statement after the other over other drivers
+	// (the callbacks queued in b tell which by the row they get: skipRow).
+	// On error, and when a statement's callback panics, nothing stays open.
 	begin(ctx context.Context, opts pgx.TxOptions, b *pgx.Batch) (txConn, error)
-	// pipelines reports whether statements queued in a batch are sent
-	// together (pgx), or one by one (database/sql).
+	// pipelines reports whether statements queued in a batch are always
+	// sent together (pgx), or possibly one by one (database/sql).
 	pipelines() bool
 	// txType is the type of transaction this driver's handlers receive.
 	txType() reflect.Type

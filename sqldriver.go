@@ -3,6 +3,7 @@ package dedupe
 import (
 	"context"
 	"database/sql"
+	sqldriver "database/sql/driver"
 	"errors"
 	"fmt"
 	"reflect"
@@ -78,7 +79,7 @@ func (d *SQLDB) begin(ctx context.Context, opts pgx.TxOptions, b *pgx.Batch) (tx
 		return nil, err
 	}
 	if b != nil {
-		if err := sendBatch(ctx, t, b); err != nil {
+		if err := sendBatchOrRollback(ctx, t, b); err != nil {
 			_ = t.Rollback(ctx)
 			return nil, err
 		}
@@ -99,36 +100,85 @@ var errNotPgx = errors.New("dedupe: not a pgx stdlib connection")
 // handler's *sql.Tx then runs on that connection. A driver that is not pgx's
 // stdlib is remembered, and its statements run one by one.
 func (d *SQLDB) beginPipelined(ctx context.Context, opts pgx.TxOptions, b *pgx.Batch) (txConn, error) {
-	conn, err := d.db.Conn(ctx)
+	conn, tx, err := d.beginOnConn(ctx, txopts.SQL(opts))
 	if err != nil {
-		return nil, err
-	}
-	tx, err := conn.BeginTx(ctx, txopts.SQL(opts))
-	if err != nil {
-		_ = conn.Close()
 		return nil, err
 	}
 	t := &sqlTx{sqlQuerier: sqlQuerier{tx}, tx: tx, conn: conn}
 	if err := t.setDeferrable(ctx, opts); err != nil {
 		return nil, err
 	}
-	err = conn.Raw(func(dc any) error {
+	// Raw closes the *sql.Conn when f panics or returns driver.ErrBadConn,
+	// which waits for the open *sql.Tx to end: f must do neither, so a panic
+	// is carried out of Raw and raised again once t is rolled back.
+	var panicked any
+	err = conn.Raw(func(dc any) (err error) {
 		pc, ok := dc.(pgxConner)
 		if !ok {
 			return errNotPgx
 		}
 		d.pgxConns.Store(1)
+		defer func() {
+			if v := recover(); v != nil {
+				panicked, err = v, errBatchPanicked
+			}
+			if errors.Is(err, sqldriver.ErrBadConn) {
+				err = fmt.Errorf("dedupe: %v", err) // not %w: see above
+			}
+		}()
 		return pc.Conn().SendBatch(ctx, b).Close()
 	})
+	if panicked != nil {
+		_ = t.Rollback(context.WithoutCancel(ctx))
+		panic(panicked)
+	}
 	if errors.Is(err, errNotPgx) {
 		d.pgxConns.Store(-1)
-		err = sendBatch(ctx, t, b)
+		err = sendBatchOrRollback(ctx, t, b)
 	}
 	if err != nil {
 		_ = t.Rollback(ctx)
 		return nil, err
 	}
 	return t, nil
+}
+
+// badConnTries is how often beginOnConn takes a connection when BEGIN finds
+// it broken (driver.ErrBadConn), as (*sql.DB).BeginTx does: a *sql.Conn's
+// BeginTx does not try another connection by itself.
+const badConnTries = 3
+
+// beginOnConn takes a connection of d's and begins a transaction on it.
+func (d *SQLDB) beginOnConn(ctx context.Context, so *sql.TxOptions) (*sql.Conn, *sql.Tx, error) {
+	for try := 1; ; try++ {
+		conn, err := d.db.Conn(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		tx, err := conn.BeginTx(ctx, so)
+		if err == nil {
+			return conn, tx, nil
+		}
+		_ = conn.Close() // database/sql discards a bad connection itself
+		if !errors.Is(err, sqldriver.ErrBadConn) || try == badConnTries {
+			return nil, nil, err
+		}
+	}
+}
+
+// errBatchPanicked stands for a panic carried out of (*sql.Conn).Raw.
+var errBatchPanicked = errors.New("dedupe: panic in the statements behind BEGIN")
+
+// sendBatchOrRollback is sendBatch on t that rolls t back before a panic
+// goes on: begin's caller has no transaction to roll back yet.
+func sendBatchOrRollback(ctx context.Context, t *sqlTx, b *pgx.Batch) error {
+	defer func() {
+		if v := recover(); v != nil {
+			_ = t.Rollback(context.WithoutCancel(ctx))
+			panic(v)
+		}
+	}()
+	return sendBatch(ctx, t, b)
 }
 
 // sqlTx is a database/sql transaction; its handler receives the *sql.Tx.
