@@ -180,9 +180,9 @@ func skipRow(row pgx.Row) bool {
 var pipelinedSavepoint = true
 
 // queueSavepoint queues the savepoint taken right after a claim. In a
-// pipeline it is sent with the claim; run one by one (d does not pipeline)
-// it is sent only for a new key (a duplicate needs none). The returned flag
-// tells whether it ran.
+// pipeline it is sent with the claim; run one by one (which a driver that
+// does not always pipeline may do) it is sent only for a new key (a
+// duplicate needs none). The returned flag tells whether it ran.
 func queueSavepoint(d driver, b *pgx.Batch, round *claimRound) *bool {
 	if d.pipelines() {
 		b.Queue(sqlSavepoint)

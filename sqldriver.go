@@ -47,10 +47,10 @@ func SQLTx(tx *sql.Tx) Querier { return sqlQuerier{tx} }
 type SQLDB struct {
 	sqlQuerier
 	db *sql.DB
-	// pgxConns is 1 once a connection of db showed to be pgx's stdlib's
-	// (statements behind BEGIN then go in one round trip), -1 once one
-	// showed not to be, 0 before.
-	pgxConns atomic.Int32
+	// notPgx is set once a connection of db showed not to be pgx's
+	// stdlib's: statements behind BEGIN then go one by one, on any
+	// connection.
+	notPgx atomic.Bool
 }
 
 // DB returns the wrapped handle, for packages built on the inbox that run
@@ -65,26 +65,73 @@ func (d *SQLDB) listenPool() *pgxpool.Pool { return nil }
 
 func (d *SQLDB) newBatch(pgx.TxOptions) *pgx.Batch { return &pgx.Batch{} }
 
+// begin begins a transaction and runs b's statements in it. Until db's
+// driver showed not to be pgx's stdlib, the transaction runs on a connection
+// of its own, so that b can go through the *pgx.Conn under it in one round
+// trip (sendPipelined); otherwise b's statements go one by one.
 func (d *SQLDB) begin(ctx context.Context, opts pgx.TxOptions, b *pgx.Batch) (txConn, error) {
-	if b != nil && len(b.QueuedQueries) > 0 && d.pgxConns.Load() >= 0 {
-		return d.beginPipelined(ctx, opts, b)
-	}
-	so := txopts.SQL(opts)
-	tx, err := d.db.BeginTx(ctx, so)
+	pipelined := b != nil && len(b.QueuedQueries) > 0 && !d.notPgx.Load()
+	t, err := d.beginTx(ctx, txopts.SQL(opts), pipelined)
 	if err != nil {
 		return nil, err
 	}
-	t := &sqlTx{sqlQuerier: sqlQuerier{tx}, tx: tx}
+	// A panic in a statement's callback (the core's, or a pgx tracer's)
+	// goes on to the caller, who has no transaction to roll back yet.
+	defer func() {
+		if v := recover(); v != nil {
+			_ = t.Rollback(context.WithoutCancel(ctx))
+			panic(v)
+		}
+	}()
 	if err := t.setDeferrable(ctx, opts); err != nil {
 		return nil, err
 	}
-	if b != nil {
-		if err := sendBatchOrRollback(ctx, t, b); err != nil {
-			_ = t.Rollback(ctx)
+	if b == nil {
+		return t, nil
+	}
+	err = errNotPgx
+	if pipelined {
+		err = d.sendPipelined(ctx, t, b)
+	}
+	if errors.Is(err, errNotPgx) {
+		err = sendBatch(ctx, t, b)
+	}
+	if err != nil {
+		_ = t.Rollback(ctx)
+		return nil, err
+	}
+	return t, nil
+}
+
+// badConnTries is how often beginTx takes a connection of its own when BEGIN
+// finds it broken (driver.ErrBadConn), as (*sql.DB).BeginTx does: a
+// *sql.Conn's BeginTx does not try another connection by itself.
+const badConnTries = 3
+
+// beginTx begins a transaction of db's, on a connection of its own (kept in
+// the sqlTx until the transaction ends) when onConn.
+func (d *SQLDB) beginTx(ctx context.Context, so *sql.TxOptions, onConn bool) (*sqlTx, error) {
+	if !onConn {
+		tx, err := d.db.BeginTx(ctx, so)
+		if err != nil {
+			return nil, err
+		}
+		return &sqlTx{sqlQuerier: sqlQuerier{tx}, tx: tx}, nil
+	}
+	for try := 1; ; try++ {
+		conn, err := d.db.Conn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		tx, err := conn.BeginTx(ctx, so)
+		if err == nil {
+			return &sqlTx{sqlQuerier: sqlQuerier{tx}, tx: tx, conn: conn}, nil
+		}
+		_ = conn.Close() // database/sql discards a bad connection itself
+		if !errors.Is(err, sqldriver.ErrBadConn) || try == badConnTries {
 			return nil, err
 		}
 	}
-	return t, nil
 }
 
 // pgxConner is a database/sql driver connection of pgx's stdlib, which
@@ -94,33 +141,25 @@ type pgxConner interface{ Conn() *pgx.Conn }
 // errNotPgx is a driver connection that is not a pgxConner.
 var errNotPgx = errors.New("dedupe: not a pgx stdlib connection")
 
-// beginPipelined begins a transaction on a connection of its own and, when
-// the driver is pgx's stdlib, sends b's statements through the *pgx.Conn
-// under it in one round trip, as the pgx driver does behind BEGIN: the
-// handler's *sql.Tx then runs on that connection. A driver that is not pgx's
-// stdlib is remembered, and its statements run one by one.
-func (d *SQLDB) beginPipelined(ctx context.Context, opts pgx.TxOptions, b *pgx.Batch) (txConn, error) {
-	conn, tx, err := d.beginOnConn(ctx, txopts.SQL(opts))
-	if err != nil {
-		return nil, err
-	}
-	t := &sqlTx{sqlQuerier: sqlQuerier{tx}, tx: tx, conn: conn}
-	if err := t.setDeferrable(ctx, opts); err != nil {
-		return nil, err
-	}
-	// Raw closes the *sql.Conn when f panics or returns driver.ErrBadConn,
-	// which waits for the open *sql.Tx to end: f must do neither, so a panic
-	// is carried out of Raw and raised again once t is rolled back.
+// sendPipelined sends b's statements in one round trip through the *pgx.Conn
+// under t's connection, as the pgx driver does behind BEGIN; the handler's
+// *sql.Tx then goes on on that connection. errNotPgx, remembered in d, when
+// the driver is not pgx's stdlib.
+//
+// (*sql.Conn).Raw closes its connection when its function panics or returns
+// driver.ErrBadConn, which waits for t to end: a hang. So the function does
+// neither; a panic is carried out of Raw and raised again after it.
+func (d *SQLDB) sendPipelined(ctx context.Context, t *sqlTx, b *pgx.Batch) error {
 	var panicked any
-	err = conn.Raw(func(dc any) (err error) {
+	err := t.conn.Raw(func(dc any) (err error) {
 		pc, ok := dc.(pgxConner)
 		if !ok {
+			d.notPgx.Store(true)
 			return errNotPgx
 		}
-		d.pgxConns.Store(1)
 		defer func() {
 			if v := recover(); v != nil {
-				panicked, err = v, errBatchPanicked
+				panicked, err = v, errors.New("dedupe: panic behind BEGIN")
 			}
 			if errors.Is(err, sqldriver.ErrBadConn) {
 				err = fmt.Errorf("dedupe: %v", err) // not %w: see above
@@ -129,63 +168,16 @@ func (d *SQLDB) beginPipelined(ctx context.Context, opts pgx.TxOptions, b *pgx.B
 		return pc.Conn().SendBatch(ctx, b).Close()
 	})
 	if panicked != nil {
-		_ = t.Rollback(context.WithoutCancel(ctx))
 		panic(panicked)
 	}
-	if errors.Is(err, errNotPgx) {
-		d.pgxConns.Store(-1)
-		err = sendBatchOrRollback(ctx, t, b)
-	}
-	if err != nil {
-		_ = t.Rollback(ctx)
-		return nil, err
-	}
-	return t, nil
-}
-
-// badConnTries is how often beginOnConn takes a connection when BEGIN finds
-// it broken (driver.ErrBadConn), as (*sql.DB).BeginTx does: a *sql.Conn's
-// BeginTx does not try another connection by itself.
-const badConnTries = 3
-
-// beginOnConn takes a connection of d's and begins a transaction on it.
-func (d *SQLDB) beginOnConn(ctx context.Context, so *sql.TxOptions) (*sql.Conn, *sql.Tx, error) {
-	for try := 1; ; try++ {
-		conn, err := d.db.Conn(ctx)
-		if err != nil {
-			return nil, nil, err
-		}
-		tx, err := conn.BeginTx(ctx, so)
-		if err == nil {
-			return conn, tx, nil
-		}
-		_ = conn.Close() // database/sql discards a bad connection itself
-		if !errors.Is(err, sqldriver.ErrBadConn) || try == badConnTries {
-			return nil, nil, err
-		}
-	}
-}
-
-// errBatchPanicked stands for a panic carried out of (*sql.Conn).Raw.
-var errBatchPanicked = errors.New("dedupe: panic in the statements behind BEGIN")
-
-// sendBatchOrRollback is sendBatch on t that rolls t back before a panic
-// goes on: begin's caller has no transaction to roll back yet.
-func sendBatchOrRollback(ctx context.Context, t *sqlTx, b *pgx.Batch) error {
-	defer func() {
-		if v := recover(); v != nil {
-			_ = t.Rollback(context.WithoutCancel(ctx))
-			panic(v)
-		}
-	}()
-	return sendBatch(ctx, t, b)
+	return err
 }
 
 // sqlTx is a database/sql transaction; its handler receives the *sql.Tx.
 type sqlTx struct {
 	sqlQuerier
 	tx   *sql.Tx
-	conn *sql.Conn // the connection tx holds, when begun on one (beginPipelined)
+	conn *sql.Conn // the connection tx holds, when begun on one of its own (beginTx)
 }
 
 // setDeferrable makes t DEFERRABLE if opts say so (database/sql has no

@@ -22,9 +22,9 @@ func TestSQLBeginPanicInBatch(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	for _, tc := range []struct {
-		name     string
-		pgxConns int32 // 0: pipelined through pgx's stdlib; -1: as for another driver
-	}{{"pipelined", 0}, {"one by one", -1}} {
+		name   string
+		notPgx bool // false: pipelined through pgx's stdlib; true: as for another driver
+	}{{"pipelined", false}, {"one by one", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			sdb, err := sql.Open("pgx", db.URL)
 			if err != nil {
@@ -32,7 +32,7 @@ func TestSQLBeginPanicInBatch(t *testing.T) {
 			}
 			defer sdb.Close()
 			d := SQL(sdb)
-			d.pgxConns.Store(tc.pgxConns)
+			d.notPgx.Store(tc.notPgx)
 			// The test's context never ends: a begin that waits for it
 			// hangs, and the test binary's timeout reports it.
 			ctx := context.Background()
