@@ -113,7 +113,7 @@ func (b *bench) handClaimEffectTx(ctx context.Context, scope, id string) (claime
 		var one int
 		err := tx.QueryRow(ctx, sqlHandClaim, scope, id, now, now.Add(dedupe.DefaultRetention)).Scan(&one)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return classifyHand(ctx, tx, scope, id)
+			return classifyHand(tx.QueryRow(ctx, sqlHandClassify, scope, id), id)
 		}
 		if err != nil {
 			return err
@@ -125,17 +125,17 @@ func (b *bench) handClaimEffectTx(ctx context.Context, scope, id string) (claime
 	return claimed, err
 }
 
-// classifyHand reads a taken key's row as a hand-written consumer must to
-// know what to tell its broker: only a complete key is a duplicate to
-// acknowledge.
-func classifyHand(ctx context.Context, tx pgx.Tx, scope, id string) error {
+// classifyHand reads a taken key's row (row, of sqlHandClassify) as a
+// hand-written consumer must to know what to tell its broker: only a
+// complete key is a duplicate to acknowledge. row is a pgx.Row or a *sql.Row.
+func classifyHand(row interface{ Scan(dest ...any) error }, id string) error {
 	var (
 		state       string
 		attempts    int
 		lockedUntil *time.Time
 		fingerprint []byte
 	)
-	if err := tx.QueryRow(ctx, sqlHandClassify, scope, id).Scan(&state, &attempts, &lockedUntil, &fingerprint); err != nil {
+	if err := row.Scan(&state, &attempts, &lockedUntil, &fingerprint); err != nil {
 		return err
 	}
 	if state != string(dedupe.StateComplete) {

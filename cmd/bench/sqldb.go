@@ -124,7 +124,7 @@ func (b *bench) sqlHandClaimEffectTx(ctx context.Context, scope, id string) (cla
 	err = tx.QueryRowContext(ctx, sqlHandClaim, scope, id, now, now.Add(dedupe.DefaultRetention)).Scan(&one)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		err = classifySQLHand(ctx, tx, scope, id)
+		err = classifyHand(tx.QueryRowContext(ctx, sqlHandClassify, scope, id), id)
 	case err == nil:
 		claimed = true
 		_, err = tx.ExecContext(ctx, sqlEffect, id, body)
@@ -134,21 +134,4 @@ func (b *bench) sqlHandClaimEffectTx(ctx context.Context, scope, id string) (cla
 		return false, err
 	}
 	return claimed, tx.Commit()
-}
-
-// classifySQLHand is classifyHand in a *sql.Tx.
-func classifySQLHand(ctx context.Context, tx *sql.Tx, scope, id string) error {
-	var (
-		state       string
-		attempts    int
-		lockedUntil *time.Time
-		fingerprint []byte
-	)
-	if err := tx.QueryRowContext(ctx, sqlHandClassify, scope, id).Scan(&state, &attempts, &lockedUntil, &fingerprint); err != nil {
-		return err
-	}
-	if state != string(dedupe.StateComplete) {
-		return fmt.Errorf("bench: key %s is %s, not a duplicate", id, state)
-	}
-	return nil
 }
