@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/internal/pgerr"
 )
 
 // benchScope is the inbox scope of the measured keys.
@@ -108,6 +109,22 @@ func (b *bench) opHandClaimEffect(ctx context.Context, _ int) (int, error) {
 // tell a duplicate (complete) from a key still in flight or failed, as the
 // library does; commit. The transport baselines run it too.
 func (b *bench) handClaimEffectTx(ctx context.Context, scope, id string) (claimed bool, err error) {
+	// A deadlock or serialization failure runs the transaction again, as
+	// the library does (and a careful consumer must: the broker would
+	// otherwise redeliver it only after its ack wait).
+	for try := 1; ; try++ {
+		claimed, err = b.handClaimEffectOnce(ctx, scope, id)
+		if code, ok := pgerr.SQLState(err); !ok || (code != "40001" && code != "40P01") || try == handRetries {
+			return claimed, err
+		}
+	}
+}
+
+// handRetries bounds the hand-written transaction's runs.
+const handRetries = 3
+
+// handClaimEffectOnce is one run of handClaimEffectTx's transaction.
+func (b *bench) handClaimEffectOnce(ctx context.Context, scope, id string) (claimed bool, err error) {
 	now := time.Now()
 	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		var one int
