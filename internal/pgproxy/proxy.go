@@ -31,10 +31,13 @@ type Kind int
 
 // Kinds of frontend messages a Policy is asked about.
 const (
-	// Commit is a COMMIT (or END) sent as a simple query.
+	// Commit is a COMMIT (or END) that runs: sent as a simple query, or
+	// the Execute of a portal bound to it (pipelined with other
+	// statements).
 	Commit Kind = iota + 1
-	// Statement is any other simple query, or an extended-protocol Parse or
-	// Execute.
+	// Statement is any other simple query or Execute, or an
+	// extended-protocol Parse (of a COMMIT too: preparing it commits
+	// nothing).
 	Statement
 )
 
@@ -352,7 +355,7 @@ func (s *session) classify(typ byte, msg []byte) (Event, bool) {
 
 func event(q string, runs bool) Event {
 	kind := Statement
-	if commitRE.MatchString(q) {
+	if runs && commitRE.MatchString(q) {
 		kind = Commit
 	}
 	return Event{Kind: kind, Query: q, Runs: runs}
