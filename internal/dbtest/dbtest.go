@@ -194,7 +194,14 @@ func New(t testing.TB, opts ...Options) *DB {
 		t.Fatalf("dbtest: pool: %v", err)
 	}
 	t.Cleanup(func() {
-		pool.Close()
+		// pgxpool's Close waits for every acquired connection: one that
+		// the code under test leaked would hang the test binary until its
+		// timeout. A leak fails the test instead, with the pool left open.
+		if n := acquiredAfterTest(pool); n > 0 {
+			t.Errorf("dbtest: %d connections of the pool are still acquired after the test: leaked (the pool is left open)", n)
+		} else {
+			pool.Close()
+		}
 		c, err := pgx.Connect(ctx, base)
 		if err != nil {
 			t.Logf("dbtest: drop schema %s: %v", schema, err)
@@ -209,6 +216,26 @@ func New(t testing.TB, opts ...Options) *DB {
 		}
 	})
 	return &DB{Pool: pool, Schema: schema, URL: su}
+}
+
+// acquiredAfterTest returns how many of pool's connections stay acquired:
+// 0 as soon as none is, else the count once it has not changed for
+// leakWait (a goroutine of the test may still be handing one back).
+func acquiredAfterTest(pool *pgxpool.Pool) int32 {
+	const leakWait = 10 * time.Second
+	last, since := int32(-1), time.Now()
+	for {
+		n := pool.Stat().AcquiredConns()
+		switch {
+		case n == 0:
+			return 0
+		case n != last:
+			last, since = n, time.Now()
+		case time.Since(since) > leakWait:
+			return n
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // WithSearchPath returns u with its search_path set to schema.
