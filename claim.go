@@ -316,14 +316,11 @@ func (i *Inbox) reentrant(ctx context.Context, key Key) error {
 // once tx commits. It is refused with ErrLeaseLost when the claim is not
 // this transaction's.
 func (i *Inbox) StoreResultTx(ctx context.Context, tx Querier, c *Claim, r Result) error {
-	if err := mustHold(c, "StoreResultTx"); err != nil {
+	args, err := storeResultArgs(c, r, "StoreResultTx")
+	if err != nil {
 		return err
 	}
-	headers, err := headersJSON(r.Headers)
-	if err != nil {
-		return fmt.Errorf("dedupe: encode result headers: %w", err)
-	}
-	tag, err := tx.Exec(ctx, i.q.storeResult, c.Key.Scope, c.Key.ID, r.Status, headers, r.Body, c.Token)
+	tag, err := tx.Exec(ctx, i.q.storeResult, args...)
 	if err != nil {
 		return translate(err)
 	}
@@ -331,6 +328,46 @@ func (i *Inbox) StoreResultTx(ctx context.Context, tx Querier, c *Claim, r Resul
 		return leaseLost(c)
 	}
 	return nil
+}
+
+// QueueStoreResult queues in b what StoreResultTx does, for a caller that
+// sends the transaction's COMMIT in the same round trip: queue the COMMIT
+// after it in b, and send b on the connection that holds the transaction
+// (pgx's Conn.SendBatch), so that storing the result and committing cost
+// one round trip.
+//
+// Unlike StoreResultTx's, the queued statement fails when the claim is not
+// this transaction's, aborting the transaction so that the COMMIT behind it
+// cannot commit the effects without the result; the batch's Close then
+// returns an error matching ErrLeaseLost. The preconditions are those of
+// StoreResultTx, checked before anything is queued. Over database/sql, use
+// StoreResultTx.
+func (i *Inbox) QueueStoreResult(b *pgx.Batch, c *Claim, r Result) error {
+	args, err := storeResultArgs(c, r, "QueueStoreResult")
+	if err != nil {
+		return err
+	}
+	b.Queue(i.q.storeResultOrFail, args...).Fn = func(br pgx.BatchResults) error {
+		_, err := br.Exec()
+		if code, ok := sqlState(err); ok && code == pgDivisionByZero {
+			return fmt.Errorf("%w: %w", leaseLost(c), err)
+		}
+		return translate(err)
+	}
+	return nil
+}
+
+// storeResultArgs checks that c is held and returns the arguments of the
+// statements that store r with it (sqlStoreResult).
+func storeResultArgs(c *Claim, r Result, op string) ([]any, error) {
+	if err := mustHold(c, op); err != nil {
+		return nil, err
+	}
+	headers, err := headersJSON(r.Headers)
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: encode result headers: %w", err)
+	}
+	return []any{c.Key.Scope, c.Key.ID, r.Status, headers, r.Body, c.Token}, nil
 }
 
 // RecordFailure counts a failed transactional attempt of key after its

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -232,6 +233,132 @@ func TestStoreResultTxAndRecordFailure(t *testing.T) {
 	// A completed key is never touched by a late failure record.
 	if attempts, poisoned, err := b.inbox.RecordFailure(ctx, other, errors.New("late")); err != nil || attempts != 0 || poisoned {
 		t.Fatalf("late failure = %d, %v, %v", attempts, poisoned, err)
+	}
+}
+
+// TestQueueStoreResultCommitsWithTheResult: concurrent deliveries of one
+// key, each claiming in its own transaction; the one that claims sends the
+// stored result and COMMIT in one batch on its connection. Exactly one
+// effect commits, with the result, and every later delivery gets it back.
+func TestQueueStoreResultCommitsWithTheResult(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	key := dedupe.Key{Scope: "topic", ID: "m-1"}
+	const n = 8
+	outcomes := make([]dedupe.Outcome, n)
+	errs := make([]error, n)
+	together(n, func(i int) {
+		errs[i] = func() error {
+			conn, err := b.db.Pool.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Release()
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback(ctx) //nolint:errcheck // ErrTxClosed once the batch committed
+			claim, err := b.inbox.Claim(ctx, tx, key)
+			if err != nil {
+				return err
+			}
+			outcomes[i] = claim.Outcome
+			if claim.Outcome != dedupe.OutcomeClaimed {
+				return nil
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO effects (msg_key) VALUES ($1)`, key.ID); err != nil {
+				return err
+			}
+			batch := &pgx.Batch{}
+			if err := b.inbox.QueueStoreResult(batch, claim, dedupe.Result{Status: 201, Body: []byte("order 1")}); err != nil {
+				return err
+			}
+			batch.Queue("COMMIT")
+			if err := conn.SendBatch(ctx, batch).Close(); err != nil {
+				return err
+			}
+			if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
+				return fmt.Errorf("transaction status %c after the batch, want I (committed)", st)
+			}
+			return nil
+		}()
+	})
+	claimed := 0
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("delivery %d: %v", i, errs[i])
+		}
+		if outcomes[i] == dedupe.OutcomeClaimed {
+			claimed++
+		}
+	}
+	if claimed != 1 || b.effects(t, key.ID) != 1 {
+		t.Fatalf("claimed %d, effects %d; want 1 and 1 (outcomes %v)", claimed, b.effects(t, key.ID), outcomes)
+	}
+	err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		claim, err := b.inbox.Claim(ctx, tx, key)
+		if err != nil {
+			return err
+		}
+		if claim.Outcome != dedupe.OutcomeDuplicate || claim.Result == nil || claim.Result.Status != 201 || string(claim.Result.Body) != "order 1" {
+			return fmt.Errorf("redelivery = %v %+v, want a duplicate with the stored result", claim.Outcome, claim.Result)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.inbox.QueueStoreResult(&pgx.Batch{}, nil, dedupe.Result{}); !errors.Is(err, dedupe.ErrLeaseLost) {
+		t.Fatalf("QueueStoreResult without a claim = %v, want ErrLeaseLost", err)
+	}
+}
+
+// TestQueueStoreResultFencesTheCommit: the COMMIT sent behind the queued
+// statement must not commit the effects when the claim is not the
+// transaction's. A leased claim is used by mistake (its lease ran out and
+// another worker took the key over): the batch fails with ErrLeaseLost and
+// the effect written before it is rolled back, where a plain UPDATE would
+// have matched no row and let the COMMIT through.
+func TestQueueStoreResultFencesTheCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	key := dedupe.Key{Scope: "topic", ID: "m-1"}
+	stale, err := b.inbox.Begin(ctx, key)
+	if err != nil || stale.Outcome != dedupe.OutcomeClaimed {
+		t.Fatalf("begin = %v, %v", stale, err)
+	}
+	b.clock.Advance(dedupe.DefaultLease + time.Second)
+	if taker, err := b.inbox.Begin(ctx, key); err != nil || taker.Outcome != dedupe.OutcomeClaimed {
+		t.Fatalf("takeover = %v, %v", taker, err)
+	}
+	conn, err := b.db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO effects (msg_key) VALUES ($1)`, key.ID); err != nil {
+		t.Fatal(err)
+	}
+	batch := &pgx.Batch{}
+	if err := b.inbox.QueueStoreResult(batch, stale, dedupe.Result{Status: 200}); err != nil {
+		t.Fatal(err)
+	}
+	batch.Queue("COMMIT")
+	err = conn.SendBatch(ctx, batch).Close()
+	if !errors.Is(err, dedupe.ErrLeaseLost) {
+		t.Fatalf("batch = %v, want ErrLeaseLost", err)
+	}
+	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.effects(t, key.ID); got != 0 {
+		t.Fatalf("effects = %d, want 0: the COMMIT behind the fenced statement committed them", got)
 	}
 }
 

@@ -202,6 +202,7 @@ const (
 	pgDeadlockDetected     = "40P01"
 	pgUndefinedTable       = "42P01"
 	pgInFailedTx           = "25P02"
+	pgDivisionByZero       = "22012" // sqlStoreResultOrFail's assertion
 )
 
 // mayHaveApplied reports whether err, returned for a statement (or COMMIT),

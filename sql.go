@@ -195,6 +195,19 @@ RETURNING t.state, t.attempts`
 const sqlStoreResult = `UPDATE {{inbox}} SET result_status = $3, result_headers = $4, result_body = $5
 WHERE scope = $1 AND key = $2 AND token = $6`
 
+// sqlStoreResultOrFail is sqlStoreResult for a caller that sends its COMMIT
+// in the same round trip (Inbox.QueueStoreResult): when no row matches (the
+// claim is not this transaction's) the statement fails with
+// division_by_zero, which aborts the transaction, so that the COMMIT queued
+// after it cannot commit the effects without the result. PostgreSQL has no
+// RAISE outside PL/pgSQL; 1 / count(*) is the assertion. Same parameters.
+const sqlStoreResultOrFail = `WITH stored AS (
+    UPDATE {{inbox}} SET result_status = $3, result_headers = $4, result_body = $5
+    WHERE scope = $1 AND key = $2 AND token = $6
+    RETURNING 1
+)
+SELECT 1 / count(*) FROM stored`
+
 // sqlComplete finishes a leased claim, fenced by its token. When it changes
 // no row, the caller reads the key: complete under the same token means a
 // retry of a Complete whose reply was lost, which succeeds without
@@ -285,6 +298,7 @@ const sqlLockTimeout = `SELECT set_config('lock_timeout', $1, true)`
 // queries holds the SQL of one Inbox with its table name filled in.
 type queries struct {
 	claimInsert, claim, claimBatch, claimBatchScope, lookup, lookupBatch, recordFailure, storeResult string
+	storeResultOrFail                                                                                string
 	complete, fail, failTx, extend, release, releaseIdle, purge, stats, resolve                      string
 	releaseToken, unclaimNew, unclaimTaken, peek, lookupOther                                        string
 }
@@ -292,27 +306,28 @@ type queries struct {
 func newQueries(table string) queries {
 	r := strings.NewReplacer("{{inbox}}", table, "{{now}}", nowSQL)
 	return queries{
-		claimInsert:     r.Replace(sqlClaimInsert),
-		claim:           r.Replace(sqlClaim),
-		claimBatch:      r.Replace(sqlClaimBatch),
-		claimBatchScope: r.Replace(sqlClaimBatchScope),
-		lookup:          r.Replace(sqlLookup),
-		lookupBatch:     r.Replace(sqlLookupBatch),
-		recordFailure:   r.Replace(sqlRecordFailure),
-		storeResult:     r.Replace(sqlStoreResult),
-		complete:        r.Replace(sqlComplete),
-		fail:            r.Replace(sqlFail),
-		failTx:          r.Replace(sqlFailTx),
-		extend:          r.Replace(sqlExtend),
-		release:         r.Replace(sqlRelease),
-		releaseIdle:     r.Replace(sqlReleaseIdle),
-		purge:           r.Replace(sqlPurge),
-		stats:           r.Replace(sqlStats),
-		resolve:         r.Replace(sqlResolve),
-		releaseToken:    r.Replace(sqlReleaseToken),
-		unclaimNew:      r.Replace(sqlUnclaimNew),
-		unclaimTaken:    r.Replace(sqlUnclaimTaken),
-		peek:            r.Replace(sqlPeek),
-		lookupOther:     r.Replace(sqlLookupOther),
+		claimInsert:       r.Replace(sqlClaimInsert),
+		claim:             r.Replace(sqlClaim),
+		claimBatch:        r.Replace(sqlClaimBatch),
+		claimBatchScope:   r.Replace(sqlClaimBatchScope),
+		lookup:            r.Replace(sqlLookup),
+		lookupBatch:       r.Replace(sqlLookupBatch),
+		recordFailure:     r.Replace(sqlRecordFailure),
+		storeResult:       r.Replace(sqlStoreResult),
+		storeResultOrFail: r.Replace(sqlStoreResultOrFail),
+		complete:          r.Replace(sqlComplete),
+		fail:              r.Replace(sqlFail),
+		failTx:            r.Replace(sqlFailTx),
+		extend:            r.Replace(sqlExtend),
+		release:           r.Replace(sqlRelease),
+		releaseIdle:       r.Replace(sqlReleaseIdle),
+		purge:             r.Replace(sqlPurge),
+		stats:             r.Replace(sqlStats),
+		resolve:           r.Replace(sqlResolve),
+		releaseToken:      r.Replace(sqlReleaseToken),
+		unclaimNew:        r.Replace(sqlUnclaimNew),
+		unclaimTaken:      r.Replace(sqlUnclaimTaken),
+		peek:              r.Replace(sqlPeek),
+		lookupOther:       r.Replace(sqlLookupOther),
 	}
 }
