@@ -6,6 +6,8 @@ import (
 	"errors"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/internal/txopts"
@@ -50,6 +52,27 @@ type reqTx interface {
 	// what database/sql tells only then (sql.ErrTxDone), where pgx's guard
 	// tells it in advance (state).
 	endedBehind(err error) bool
+	// commitStored stores res as claim's result (a transactional claim)
+	// and commits, after rolling the handler's effects back to the
+	// savepoint taken after the claim when toSavepoint: in one round trip
+	// on a connection of the middleware's own (pgx pool), else one
+	// statement after the other. Its errors are those of
+	// Middleware.commitTx: a lost COMMIT reply is resolved.
+	commitStored(ctx context.Context, m *Middleware, claim *dedupe.Claim, res dedupe.Result, toSavepoint bool) error
+}
+
+// commitStoredInTurn is commitStored one statement after the other: the
+// rollback to the savepoint, the stored result, then COMMIT; a failed
+// statement rolls the transaction back and is returned as it is.
+func commitStoredInTurn(ctx context.Context, tx reqTx, m *Middleware, claim *dedupe.Claim, res dedupe.Result, toSavepoint bool) error {
+	return m.commitAfter(ctx, tx, claim, func() error {
+		if toSavepoint {
+			if _, err := tx.querier().Exec(ctx, sqlRollbackSavepoint); err != nil {
+				return err
+			}
+		}
+		return m.inbox.StoreResultTx(ctx, tx.querier(), claim, res)
+	})
 }
 
 // newBackend returns the backend of db, a pgx pool or a database/sql
@@ -85,12 +108,10 @@ func (b pgxBackend) claimOnce(ctx context.Context, m *Middleware, key dedupe.Key
 	claim, err := m.inbox.Claim(ctx, p, key)
 	if err == nil && claim.Outcome == dedupe.OutcomeClaimed {
 		if err = p.settle(ctx); err == nil {
-			return pgxReq{newGuard(p.tx)}, claim, nil
+			return &pgxReq{g: newGuard(p.tx), conn: p.conn}, claim, nil
 		}
 	}
-	if p.tx != nil {
-		_ = p.tx.Rollback(context.WithoutCancel(ctx))
-	}
+	p.end(context.WithoutCancel(ctx))
 	return nil, claim, err
 }
 
@@ -99,20 +120,83 @@ func (b pgxBackend) begin(ctx context.Context, opts pgx.TxOptions) (reqTx, error
 	if err != nil {
 		return nil, err
 	}
-	return pgxReq{newGuard(tx)}, nil
+	return &pgxReq{g: newGuard(tx)}, nil
 }
 
 // pgxReq is a pgx request transaction: the handler gets it guarded, the
-// middleware runs its statements on the transaction itself.
-type pgxReq struct{ g *guardedTx }
+// middleware runs its statements on the transaction itself. A transaction
+// begun with the claim on a pool holds its connection (conn), so that the
+// stored result and COMMIT go in one round trip (commitStored) and the
+// connection goes back to the pool without a pgx.Tx's own COMMIT; once
+// released, done keeps every later call away from it.
+type pgxReq struct {
+	g    *guardedTx
+	conn *pgxpool.Conn // nil: the pgx.Tx releases its connection itself
+	done bool
+}
 
-func (r pgxReq) querier() dedupe.Querier            { return r.g.Tx }
-func (r pgxReq) commit(ctx context.Context) error   { return r.g.Tx.Commit(ctx) }
-func (r pgxReq) rollback(ctx context.Context) error { return r.g.Tx.Rollback(ctx) }
-func (r pgxReq) state() txState                     { return stateOf(r.g.Tx) }
-func (r pgxReq) handlerTx() any                     { return r.g }
-func (r pgxReq) end()                               { r.g.End() }
-func (r pgxReq) endedBehind(error) bool             { return false }
+func (r *pgxReq) querier() dedupe.Querier { return r.g.Tx }
+func (r *pgxReq) state() txState          { return stateOf(r.g.Tx) }
+func (r *pgxReq) handlerTx() any          { return r.g }
+func (r *pgxReq) end()                    { r.g.End() }
+func (r *pgxReq) endedBehind(error) bool  { return false }
+
+func (r *pgxReq) commit(ctx context.Context) error {
+	if r.done {
+		return pgx.ErrTxClosed
+	}
+	defer r.release()
+	return r.g.Tx.Commit(ctx)
+}
+
+func (r *pgxReq) rollback(ctx context.Context) error {
+	if r.done {
+		return pgx.ErrTxClosed
+	}
+	defer r.release()
+	return r.g.Tx.Rollback(ctx)
+}
+
+// release hands the connection back to the pool (which closes it unless
+// its transaction ended), once.
+func (r *pgxReq) release() {
+	r.done = true
+	if r.conn != nil {
+		r.conn.Release()
+		r.conn = nil
+	}
+}
+
+func (r *pgxReq) commitStored(ctx context.Context, m *Middleware, claim *dedupe.Claim, res dedupe.Result, toSavepoint bool) error {
+	if r.done {
+		return pgx.ErrTxClosed
+	}
+	if r.conn == nil {
+		return commitStoredInTurn(ctx, r, m, claim, res, toSavepoint)
+	}
+	b := &pgx.Batch{}
+	if toSavepoint {
+		b.Queue(sqlRollbackSavepoint)
+	}
+	if err := m.inbox.QueueStoreResult(b, claim, res); err != nil {
+		_ = r.rollback(ctx)
+		return err
+	}
+	b.Queue("commit").Exec(func(tag pgconn.CommandTag) error {
+		if tag.String() == "ROLLBACK" { // the transaction had failed
+			return pgx.ErrTxCommitRollback
+		}
+		return nil
+	})
+	err := r.conn.SendBatch(ctx, b).Close()
+	if err != nil && r.conn.Conn().PgConn().TxStatus() != 'I' && !r.conn.Conn().IsClosed() {
+		// A statement failed before the COMMIT: the transaction is
+		// aborted, and rolled back here.
+		_ = r.g.Tx.Rollback(ctx)
+	}
+	r.release()
+	return m.resolveCommit(ctx, claim, err)
+}
 
 // stateOf reads tx's state from its connection, without a round trip.
 func stateOf(tx pgx.Tx) txState {
@@ -205,4 +289,8 @@ func (r *sqlReq) handlerTx() any { return r.tx }
 func (r *sqlReq) end()           {}
 func (r *sqlReq) endedBehind(err error) bool {
 	return errors.Is(err, sql.ErrTxDone)
+}
+
+func (r *sqlReq) commitStored(ctx context.Context, m *Middleware, claim *dedupe.Claim, res dedupe.Result, toSavepoint bool) error {
+	return commitStoredInTurn(ctx, r, m, claim, res, toSavepoint)
 }

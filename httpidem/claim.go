@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/internal/txguard"
@@ -67,9 +68,10 @@ type pipelinedTx struct {
 	// claim still held; RetryServerErrors rolls everything back.
 	savepoint bool
 
-	tx        pgx.Tx // nil until begun
-	pipelined bool   // the reset and the savepoint went with Claim's first batch
-	later     int    // statements Claim sent after that batch
+	tx        pgx.Tx        // nil until begun
+	conn      *pgxpool.Conn // the pool's connection tx runs on, held until the request ends; nil for another pgxDB
+	pipelined bool          // the reset and the savepoint went with Claim's first batch
+	later     int           // statements Claim sent after that batch
 }
 
 // begin sends BEGIN and the lock timeout with b's statements (if b is not
@@ -86,9 +88,33 @@ func (p *pipelinedTx) begin(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 		}
 		p.pipelined = true
 	}
-	br := p.db.SendBatch(ctx, nb)
+	var sender interface {
+		SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	} = p.db
+	if pool, ok := p.db.(*pgxpool.Pool); ok {
+		// A connection of its own, so that the request's end can send the
+		// stored result and COMMIT together (pgxReq.commitStored).
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			return pgx.FailedBatchResults(nb, err)
+		}
+		p.conn, sender = c, c
+	}
+	br := sender.SendBatch(ctx, nb)
 	p.tx = br.Tx()
 	return br
+}
+
+// end rolls back the transaction, if it was begun, and releases its
+// connection: a claim that did not leave it open for the request.
+func (p *pipelinedTx) end(ctx context.Context) {
+	if p.tx != nil {
+		_ = p.tx.Rollback(ctx)
+	}
+	if p.conn != nil {
+		p.conn.Release() // closed by the pool unless the transaction ended
+		p.conn = nil
+	}
 }
 
 // next readies the transaction for a statement: it begins it (without

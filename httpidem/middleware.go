@@ -11,8 +11,9 @@
 //
 // In transactional mode (the default) the claim is inserted in the request's
 // transaction, the one Tx returns: the claim, the handler's writes and the
-// stored response commit together, in one transaction, and BEGIN and the
-// claim cost one round trip. A concurrent duplicate waits for the holder at
+// stored response commit together, in one transaction: BEGIN and the claim
+// cost one round trip, and over a pgx pool the stored response and COMMIT
+// another. A concurrent duplicate waits for the holder at
 // most Config.LockTimeout (100 ms by default) and then answers 409. In leased
 // mode (Config.Mode, Middleware.Leased), for handlers with effects outside
 // the database, the claim commits first as in flight with a lease (90 s by

@@ -86,9 +86,9 @@ func (s *settlement) complete(w http.ResponseWriter, r *http.Request, rec *recor
 	var err error
 	switch {
 	case s.transactional:
-		err = s.commitWith(func() error { return m.inbox.StoreResultTx(s.ctx, s.tx.querier(), s.claim, res) })
+		err = s.tx.commitStored(s.ctx, m, s.claim, res, false)
 	case s.tx != nil:
-		err = s.commitWith(func() error { return m.inbox.CompleteTx(s.ctx, s.tx.querier(), s.claim, res) })
+		err = m.commitAfter(s.ctx, s.tx, s.claim, func() error { return m.inbox.CompleteTx(s.ctx, s.tx.querier(), s.claim, res) })
 	default:
 		err = m.inbox.Complete(s.ctx, s.claim, res)
 	}
@@ -114,16 +114,6 @@ func (s *settlement) complete(w http.ResponseWriter, r *http.Request, rec *recor
 	return true
 }
 
-// commitWith runs store in the request transaction and commits, or rolls
-// back if store failed.
-func (s *settlement) commitWith(store func() error) error {
-	if err := store(); err != nil {
-		rollback(s.ctx, s.tx)
-		return err
-	}
-	return s.m.commitTx(s.ctx, s.tx, s.claim)
-}
-
 // serverError settles a 5xx answer, a panic or an aborted transaction, rec
 // holding the answer: the handler's effects roll back and, under
 // StoreServerErrors, the answer is stored with the key; under
@@ -145,12 +135,7 @@ func (s *settlement) serverError(w http.ResponseWriter, rec *recorder, cause err
 	if s.transactional {
 		// Back to the savepoint after the claim: the effects go, the claim
 		// stays held, so no concurrent duplicate runs the handler again.
-		err = s.commitWith(func() error {
-			if _, err := s.tx.querier().Exec(s.ctx, sqlRollbackSavepoint); err != nil {
-				return err
-			}
-			return m.inbox.StoreResultTx(s.ctx, s.tx.querier(), s.claim, res)
-		})
+		err = s.tx.commitStored(s.ctx, m, s.claim, res, true)
 		if s.endedBehind(err) {
 			return false
 		}
@@ -250,13 +235,28 @@ func (s *settlement) releaseLeased(cause error) {
 	}
 }
 
+// commitAfter runs store in tx and commits (commitTx), or rolls tx back
+// and returns store's error.
+func (m *Middleware) commitAfter(ctx context.Context, tx reqTx, claim *dedupe.Claim, store func() error) error {
+	if err := store(); err != nil {
+		rollback(ctx, tx)
+		return err
+	}
+	return m.commitTx(ctx, tx, claim)
+}
+
 // commitTx commits tx, which holds the completion of claim. A COMMIT whose
 // reply was lost is not a rollback: it is resolved on a fresh connection
 // (Inbox.Resolve). It returns nil when the transaction committed, an error
 // matching dedupe.ErrOutcomeUnknown when that cannot be learnt, and any
 // other error when it did not commit.
 func (m *Middleware) commitTx(ctx context.Context, tx reqTx, claim *dedupe.Claim) error {
-	err := tx.commit(ctx)
+	return m.resolveCommit(ctx, claim, tx.commit(ctx))
+}
+
+// resolveCommit returns what commitTx returns for err, what the COMMIT of
+// claim's transaction (or the round trip that carried it) returned.
+func (m *Middleware) resolveCommit(ctx context.Context, claim *dedupe.Claim, err error) error {
 	if err == nil {
 		return nil
 	}

@@ -110,8 +110,13 @@ func TestBenchTinyRunReportsEveryRow(t *testing.T) {
 	// BEGIN, claim, effect, COMMIT by hand; a duplicate costs the pipeline
 	// and ROLLBACK against BEGIN, claim, read, COMMIT. Over database/sql
 	// (pgx's stdlib) BEGIN goes alone, then the claim, read and savepoint
-	// in one pipeline, then the effect and COMMIT, or ROLLBACK.
+	// in one pipeline, then the effect and COMMIT, or ROLLBACK. A new HTTP
+	// request costs BEGIN+claim, the order, and the stored response with
+	// COMMIT (one pipeline) against BEGIN, claim, order, store, COMMIT; a
+	// replay the pipeline and ROLLBACK against BEGIN, claim, read, COMMIT.
 	for name, want := range map[string]string{
+		"httpidem, new request":                        "3.00 / 5.00",
+		"httpidem, replay":                             "2.00 / 4.00",
 		"Consumer.Handle, new key":                     "3.00 / 4.00",
 		"Consumer.Handle, duplicate":                   "2.00 / 4.00",
 		"Consumer.Handle over database/sql, new key":   "4.00 / 4.00",
