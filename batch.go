@@ -55,11 +55,8 @@ func (i *Inbox) claimBatch(ctx context.Context, tx Querier, keys []Key, maxAttem
 
 	// Claim the distinct keys, in their sorted order.
 	m := len(b.ids)
-	tokens := make([]int64, m)
-	for j := range tokens {
-		tokens[j] = newToken()
-	}
-	var fps [][]byte // none when no key has a fingerprint: unnest pads the column with NULLs
+	token := newToken() // one per batch: its keys are distinct
+	var fps [][]byte    // none when no key has a fingerprint: unnest pads the column with NULLs
 	for j := range m {
 		if fp := keys[b.first(j)].Fingerprint; fp != nil {
 			if fps == nil {
@@ -73,10 +70,10 @@ func (i *Inbox) claimBatch(ctx context.Context, tx Querier, keys []Key, maxAttem
 		err  error
 	)
 	if b.scopes == nil {
-		rows, err = tx.Query(ctx, i.q.claimBatchScope, i.cfg.now(), b.scope, b.ids, string(StateComplete), fps, tokens,
+		rows, err = tx.Query(ctx, i.q.claimBatchScope, i.cfg.now(), b.scope, b.ids, string(StateComplete), fps, token,
 			i.leaseArg, i.retentionArg, maxAttempts)
 	} else {
-		rows, err = tx.Query(ctx, i.q.claimBatch, i.cfg.now(), b.scopes, b.ids, string(StateComplete), fps, tokens,
+		rows, err = tx.Query(ctx, i.q.claimBatch, i.cfg.now(), b.scopes, b.ids, string(StateComplete), fps, token,
 			i.leaseArg, i.retentionArg, maxAttempts)
 	}
 	if err != nil {
@@ -171,7 +168,7 @@ func (i *Inbox) claimBatch(ctx context.Context, tx Querier, keys []Key, maxAttem
 		c := &claims[n]
 		switch {
 		case state[j] == taken && n == f:
-			*c = Claim{Key: k, Attempt: attempts[j], Token: tokens[j], Outcome: OutcomeClaimed, inbox: i}
+			*c = Claim{Key: k, Attempt: attempts[j], Token: token, Outcome: OutcomeClaimed, inbox: i}
 		case state[j] == poisoned && n == f:
 			*c = Claim{Key: k, Attempt: attempts[j], Outcome: OutcomePoisoned, inbox: i}
 		case state[j] == taken:

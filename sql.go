@@ -84,8 +84,8 @@ const claimBatchColumns = `INSERT INTO {{inbox}} AS t
 `
 
 // claimBatchValues are the values of a batch claim's rows after scope and
-// key: $4 state, u.fingerprint, u.token, $7 lease, $8 retention.
-const claimBatchValues = `$4::text, u.fingerprint, 1, u.token,
+// key: $4 state, u.fingerprint, $6 token, $7 lease, $8 retention.
+const claimBatchValues = `$4::text, u.fingerprint, 1, $6::bigint,
     CASE WHEN $4::text = 'in_flight' THEN {{now}} + $7::interval END, {{now}}, {{now}}, {{now}} + $8::interval`
 
 // claimBatchReturning identifies a row the batch claim took (its key, and
@@ -95,12 +95,13 @@ const claimBatchValues = `$4::text, u.fingerprint, 1, u.token,
 const claimBatchReturning = `RETURNING t.key, t.attempts, t.state = 'failed'`
 
 // sqlClaimBatch is sqlClaim over arrays: $2 scopes, $3 keys, $5
-// fingerprints, $6 tokens; $4 state, $7 lease, $8 retention, $9 max
-// attempts. The arrays must hold distinct (scope, key) pairs, sorted, so that
+// fingerprints; $4 state, $6 the batch's token (one per batch: a token
+// fences one key's claim, and the keys of a batch are distinct), $7 lease,
+// $8 retention, $9 max attempts. The arrays must hold distinct (scope, key) pairs, sorted, so that
 // concurrent batches lock rows in the same order (ORDER BY the arrays'
 // order). A NULL $5 means no fingerprints (unnest pads it with NULLs).
 const sqlClaimBatch = claimBatchColumns + `SELECT u.scope, u.key, ` + claimBatchValues + `
-FROM unnest($2::text[], $3::text[], $5::bytea[], $6::bigint[]) WITH ORDINALITY AS u(scope, key, fingerprint, token, ord)
+FROM unnest($2::text[], $3::text[], $5::bytea[]) WITH ORDINALITY AS u(scope, key, fingerprint, ord)
 ORDER BY u.ord
 ` + sqlTakeover + `
 ` + claimBatchReturning + `, t.scope`
@@ -109,7 +110,7 @@ ORDER BY u.ord
 // case: $2 is that scope, a scalar, so the statement carries one array
 // fewer and returns no scope. Its other parameters are sqlClaimBatch's.
 const sqlClaimBatchScope = claimBatchColumns + `SELECT $2::text, u.key, ` + claimBatchValues + `
-FROM unnest($3::text[], $5::bytea[], $6::bigint[]) WITH ORDINALITY AS u(key, fingerprint, token, ord)
+FROM unnest($3::text[], $5::bytea[]) WITH ORDINALITY AS u(key, fingerprint, ord)
 ORDER BY u.ord
 ` + sqlTakeover + `
 ` + claimBatchReturning
