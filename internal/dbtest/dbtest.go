@@ -197,7 +197,7 @@ func New(t testing.TB, opts ...Options) *DB {
 		// pgxpool's Close waits for every acquired connection: one that
 		// the code under test leaked would hang the test binary until its
 		// timeout. A leak fails the test instead, with the pool left open.
-		if n := acquiredAfterTest(pool); n > 0 {
+		if n := SettledAcquired(pool); n > 0 {
 			t.Errorf("dbtest: %d connections of the pool are still acquired after the test: leaked (the pool is left open)", n)
 		} else {
 			pool.Close()
@@ -218,10 +218,14 @@ func New(t testing.TB, opts ...Options) *DB {
 	return &DB{Pool: pool, Schema: schema, URL: su}
 }
 
-// acquiredAfterTest returns how many of pool's connections stay acquired:
-// 0 as soon as none is, else the count once it has not changed for
-// leakWait (a goroutine of the test may still be handing one back).
-func acquiredAfterTest(pool *pgxpool.Pool) int32 {
+// SettledAcquired returns how many of pool's connections stay acquired: 0
+// as soon as none is, else the count once it has not changed for leakWait.
+// A count read at once can be above the truth: pgxpool destroys a broken
+// connection, or one released inside a transaction, in a goroutine of its
+// own (puddle's Resource.Destroy), and counts it acquired until that is
+// done; a goroutine of the test may also still be handing one back. A
+// leaked connection never goes back, so it is still counted after leakWait.
+func SettledAcquired(pool *pgxpool.Pool) int32 {
 	const leakWait = 10 * time.Second
 	last, since := int32(-1), time.Now()
 	for {
