@@ -105,8 +105,7 @@ func newHTTPBench(ctx context.Context, pool *pgxpool.Pool, replays int) (*httpBe
 
 // clear empties the HTTP rows' tables.
 func (h *httpBench) clear(ctx context.Context) error {
-	_, err := h.pool.Exec(ctx, sqlResetHTTP)
-	return err
+	return truncate(ctx, h.pool, sqlResetHTTP)
 }
 
 // post sends POST /orders with key to handler and checks the answer: 201,

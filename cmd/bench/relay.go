@@ -24,7 +24,7 @@ func (b *bench) outboxBacklog(ctx context.Context, backlog int64) (cleanup func(
 	if err := b.reset(ctx, b.run); err != nil {
 		return nil, err
 	}
-	if _, err := b.pool.Exec(ctx, sqlResetOutbox); err != nil {
+	if err := truncate(ctx, b.pool, sqlResetOutbox); err != nil {
 		return nil, err
 	}
 	name := "OUTBOX" + strconv.FormatInt(b.seq.Add(1), 10)

@@ -172,7 +172,7 @@ func (rep *report) runSizes(ctx context.Context, b *bench, log io.Writer) error 
 		return 1, err
 	}
 	for _, n := range o.inboxRows {
-		if _, err := b.pool.Exec(ctx, "TRUNCATE "+sizeTable); err != nil {
+		if err := truncate(ctx, b.pool, "TRUNCATE "+sizeTable); err != nil {
 			return err
 		}
 		start := time.Now()

@@ -73,9 +73,28 @@ func (b *bench) dupID() string {
 // reset empties the tables and gives the next run its own keys.
 func (b *bench) reset(ctx context.Context, tag string) error {
 	b.run = tag
-	_, err := b.pool.Exec(ctx, sqlReset)
-	return err
+	return truncate(ctx, b.pool, sqlReset)
 }
+
+// truncate runs stmt, a TRUNCATE of tables the previous run wrote, again
+// after a deadlock. A run's end cancels its last transactions, and pgx
+// gives up a cancelled connection at once, but its server backend still
+// runs the statements it had received (a pipelined claim, the effect)
+// until it reads the end of the connection; the TRUNCATE, locking its
+// tables one after the other, can deadlock with it (.ci/run saw 40P01 in
+// the reset before a Kafka row). The backend's transaction ends with it, so
+// the next try goes through.
+func truncate(ctx context.Context, pool *pgxpool.Pool, stmt string) error {
+	for try := 1; ; try++ {
+		_, err := pool.Exec(ctx, stmt)
+		if code, ok := pgerr.SQLState(err); !ok || code != "40P01" || try == truncateRetries {
+			return err
+		}
+	}
+}
+
+// truncateRetries bounds truncate's tries.
+const truncateRetries = 5
 
 // preloadDuplicates commits -dup-keys keys for the duplicate rows.
 func (b *bench) preloadDuplicates(ctx context.Context) error {
