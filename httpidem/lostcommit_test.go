@@ -16,17 +16,36 @@ import (
 // fresh connection that the request committed and answers the handler's
 // response, which is replayed afterwards; concurrent duplicates get 409 or
 // the replay, and there is exactly one order. Before, the middleware
-// answered 503 and logged that the work was rolled back.
+// answered 503 and logged that the work was rolled back. The same holds when
+// the COMMIT's answer arrives and the backend then ends the connection with
+// a FATAL error (terminated right after it answered): the server error
+// reported for the COMMIT is no rollback either.
 func TestIdemLostCommitReplyAnswersTheResponse(t *testing.T) {
 	t.Parallel()
+	for _, fault := range []struct {
+		name   string
+		action pgproxy.Action
+		count  func(pgproxy.Stats) int64
+	}{
+		{"reply lost", pgproxy.DropReply, func(s pgproxy.Stats) int64 { return s.DroppedReplys }},
+		{"FATAL after the reply", pgproxy.FatalAfterReply, func(s pgproxy.Stats) int64 { return s.Fatals }},
+	} {
+		t.Run(fault.name, func(t *testing.T) {
+			t.Parallel()
+			lostCommitAnswersTheResponse(t, fault.action, fault.count)
+		})
+	}
+}
+
+func lostCommitAnswersTheResponse(t *testing.T, action pgproxy.Action, count func(pgproxy.Stats) int64) {
 	forDriversModes(t, func(t *testing.T, drv driver, mode httpidem.Mode) {
 		b := setupOn(t, drv)
-		_, p := b.viaProxy(t, once(pgproxy.DropReply, isCommit), httpidem.Config{Mode: mode})
+		_, p := b.viaProxy(t, once(action, isCommit), httpidem.Config{Mode: mode})
 		const n = 6
 		replies := make([]reply, n)
 		together(n, func(i int) { replies[i] = b.post(t, "acme", "key-lost", cart) })
-		if got := p.Stats().DroppedReplys; got != 1 {
-			t.Fatalf("the proxy dropped %d COMMIT replies, want 1", got)
+		if got := count(p.Stats()); got != 1 {
+			t.Fatalf("the proxy faulted %d COMMITs, want 1", got)
 		}
 		fresh, replayed, inFlight := countReplies(t, replies, http.StatusCreated)
 		if fresh != 1 {

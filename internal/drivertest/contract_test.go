@@ -308,6 +308,38 @@ func contract[TTx any](t *testing.T, k kit[TTx]) {
 		}
 	})
 
+	t.Run("FatalAfterCommitIsResolvedAsCommitted", func(t *testing.T) {
+		// The COMMIT is answered, then the backend ends the connection with
+		// FATAL 57P01 (terminated between its answer and ReadyForQuery):
+		// the driver reports a server error for a COMMIT that applied. A
+		// FATAL error says the connection ended, not that the COMMIT did not
+		// apply: the claim is resolved, and reported claimed.
+		t.Parallel()
+		b := setup(t, k)
+		var fatal atomic.Bool
+		u, p := dbtest.ProxyURL(t, b.db.URL, func(ev pgproxy.Event) pgproxy.Action {
+			if ev.Kind == pgproxy.Commit && fatal.CompareAndSwap(false, true) {
+				return pgproxy.FatalAfterReply
+			}
+			return pgproxy.Forward
+		})
+		c := b.consumer(t, b.newInbox(t, k.open(t, u), dedupe.Config{}), dedupe.ConsumerConfig[string]{}, nil, nil)
+		ctx := context.Background()
+		out, err := c.Handle(ctx, "fatal-1")
+		if err != nil || out != dedupe.OutcomeClaimed {
+			t.Fatalf("handle with FATAL after the commit's answer = %v, %v; want claimed", out, err)
+		}
+		if p.Stats().Fatals != 1 {
+			t.Fatal("the proxy sent no FATAL after a commit")
+		}
+		if got := b.effects(t, "fatal-1"); got != 1 {
+			t.Fatalf("effects = %d, want 1", got)
+		}
+		if out, err := c.Handle(ctx, "fatal-1"); err != nil || out != dedupe.OutcomeDuplicate {
+			t.Fatalf("redelivery = %v, %v; want duplicate", out, err)
+		}
+	})
+
 	t.Run("ErrorsAreClassified", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, k)

@@ -50,12 +50,42 @@ func IsFailedTxCommit(err error) bool {
 // knows the request never left. database/sql drivers say driver.ErrBadConn
 // both for a request that never left and (lib/pq) for a connection that
 // broke under a COMMIT, so only pgx's word is taken.
+//
+// A FATAL error on an open connection is not such an answer: the server
+// says it ends the connection, and a backend terminated right after it
+// answered a COMMIT (pg_terminate_backend, a fast shutdown) sends the
+// COMMIT's CommandComplete, then the FATAL error in place of ReadyForQuery;
+// pgx reports that error for the COMMIT that applied.
 func MayHaveApplied(err error) bool {
 	if err == nil {
 		return false
+	}
+	if IsFatal(err) {
+		return true
 	}
 	if _, ok := SQLState(err); ok || IsTxDone(err) || IsFailedTxCommit(err) {
 		return false
 	}
 	return !pgconn.SafeToRetry(err)
+}
+
+// IsFatal reports a server error of severity FATAL or PANIC on an
+// established connection, from any driver (*pgconn.PgError, lib/pq's
+// *pq.Error by its Fatal method): the server ended the connection. An error
+// while connecting (*pgconn.ConnectError) is not one: nothing was sent.
+func IsFatal(err error) bool {
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return false
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		sev := pe.SeverityUnlocalized
+		if sev == "" {
+			sev = pe.Severity
+		}
+		return sev == "FATAL" || sev == "PANIC"
+	}
+	var f interface{ Fatal() bool }
+	return errors.As(err, &f) && f.Fatal()
 }

@@ -9,7 +9,8 @@
 // for every COMMIT and every other statement, whether to forward it, to cut
 // the connection before it reaches the server, or (for COMMIT) to forward it,
 // wait for the server's answer and cut the connection without passing the
-// answer on.
+// answer on, or to pass the answer on and then end the connection with a
+// FATAL error, as a backend terminated right after it answered.
 package pgproxy
 
 import (
@@ -56,6 +57,13 @@ const (
 	// statement outside a transaction block, the server applied it and the
 	// client cannot know.
 	DropReply
+	// FatalAfterReply forwards the message, passes the server's answer on
+	// up to its ReadyForQuery, sends a FATAL ErrorResponse (57P01, what a
+	// backend terminated by pg_terminate_backend or a fast shutdown
+	// sends) in its place and closes both sides: the client hears that its
+	// COMMIT completed and then a server error, the order in which a
+	// backend terminated between the two sends them.
+	FatalAfterReply
 )
 
 // Event describes one frontend message for the Policy.
@@ -80,6 +88,7 @@ type Stats struct {
 	Commits       int64 // COMMITs seen
 	DroppedReplys int64 // COMMIT replies dropped after the server answered
 	Cuts          int64 // connections cut before a message was forwarded
+	Fatals        int64 // connections ended with a FATAL error after the server's answer
 }
 
 // Proxy forwards connections from its address to a PostgreSQL server.
@@ -92,7 +101,7 @@ type Proxy struct {
 	wg     sync.WaitGroup
 	closed atomic.Bool
 	n      atomic.Int64
-	stats  struct{ conns, commits, dropped, cuts atomic.Int64 }
+	stats  struct{ conns, commits, dropped, cuts, fatals atomic.Int64 }
 }
 
 // Start listens on a free loopback port and forwards every connection to
@@ -132,7 +141,7 @@ func (p *Proxy) SetPolicy(policy Policy) {
 // Stats returns what the proxy did so far.
 func (p *Proxy) Stats() Stats {
 	return Stats{Conns: p.stats.conns.Load(), Commits: p.stats.commits.Load(),
-		DroppedReplys: p.stats.dropped.Load(), Cuts: p.stats.cuts.Load()}
+		DroppedReplys: p.stats.dropped.Load(), Cuts: p.stats.cuts.Load(), Fatals: p.stats.fatals.Load()}
 }
 
 // Close stops accepting, cuts every open connection and waits for the
@@ -203,8 +212,10 @@ type session struct {
 	id     int64
 	client net.Conn
 	server net.Conn
-	// dropping is set once a message was forwarded whose reply is dropped.
+	// dropping is set once a message was forwarded whose reply is dropped;
+	// fataling once one was whose ReadyForQuery becomes a FATAL error.
 	dropping atomic.Bool
+	fataling atomic.Bool
 	once     sync.Once
 	// The statements (by prepared name) and portals (by name) seen, so
 	// that an Execute can be told which SQL it runs.
@@ -283,7 +294,7 @@ func (s *session) pipeClient(cr *bufio.Reader) {
 		}
 		ev, ask := s.classify(typ, msg)
 		action := Forward
-		if ask && !s.dropping.Load() {
+		if ask && !s.dropping.Load() && !s.fataling.Load() {
 			ev.Conn = s.id
 			if ev.Kind == Commit {
 				s.p.stats.commits.Add(1)
@@ -296,6 +307,8 @@ func (s *session) pipeClient(cr *bufio.Reader) {
 			return
 		case DropReply:
 			s.dropping.Store(true) // pipeServer cuts at the next ReadyForQuery
+		case FatalAfterReply:
+			s.fataling.Store(true) // pipeServer ends with FATAL at the next ReadyForQuery
 		}
 		if _, err := s.server.Write(msg); err != nil {
 			return
@@ -304,7 +317,7 @@ func (s *session) pipeClient(cr *bufio.Reader) {
 }
 
 // pipeServer forwards backend messages until a dropped COMMIT's answer is
-// complete.
+// complete, or one that ends with a FATAL error is answered.
 func (s *session) pipeServer() {
 	sr := bufio.NewReader(s.server)
 	for {
@@ -322,11 +335,36 @@ func (s *session) pipeServer() {
 			}
 			continue
 		}
+		if typ == 'Z' && s.fataling.Load() {
+			s.p.stats.fatals.Add(1)
+			_, _ = s.client.Write(fatalTerminated)
+			s.close()
+			return
+		}
 		if _, err := s.client.Write(msg); err != nil {
 			s.close()
 			return
 		}
 	}
+}
+
+// fatalTerminated is the ErrorResponse a backend terminated by
+// pg_terminate_backend sends before it exits.
+var fatalTerminated = errorResponse("FATAL", "57P01", "terminating connection due to administrator command")
+
+// errorResponse encodes an ErrorResponse message.
+func errorResponse(severity, code, message string) []byte {
+	var body []byte
+	for _, f := range []struct {
+		typ byte
+		val string
+	}{{'S', severity}, {'V', severity}, {'C', code}, {'M', message}} {
+		body = append(append(append(body, f.typ), f.val...), 0)
+	}
+	body = append(body, 0)
+	msg := []byte{'E', 0, 0, 0, 0}
+	binary.BigEndian.PutUint32(msg[1:], uint32(4+len(body)))
+	return append(msg, body...)
 }
 
 var commitRE = regexp.MustCompile(`(?is)^\s*(commit|end)(\s+(work|transaction))?\s*;?\s*$`)

@@ -2,9 +2,11 @@ package pgproxy_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 	"github.com/exactlyonce/dedupe/internal/pgproxy"
@@ -115,5 +117,45 @@ func TestForwardsEverything(t *testing.T) {
 	var n int
 	if err := conn.QueryRow(ctx, `SELECT $1::int + 1`, 41).Scan(&n); err != nil || n != 42 {
 		t.Fatalf("query = %d, %v", n, err)
+	}
+}
+
+// TestFatalAfterCommitReply: the COMMIT's answer reaches the client, then a
+// FATAL error in place of its ReadyForQuery. pgx reports the server error
+// for the COMMIT although the transaction committed: an error with an
+// SQLSTATE is not proof that a COMMIT did not apply.
+func TestFatalAfterCommitReply(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	db.Exec(t, `CREATE TABLE x (id int)`)
+	p, u := start(t, db, func(ev pgproxy.Event) pgproxy.Action {
+		if ev.Kind == pgproxy.Commit {
+			return pgproxy.FatalAfterReply
+		}
+		return pgproxy.Forward
+	})
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO x VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	err = tx.Commit(ctx)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "57P01" || pgErr.Severity != "FATAL" {
+		t.Fatalf("commit answered then ended with FATAL = %v, want the FATAL 57P01 server error", err)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM x`); n != 1 {
+		t.Fatalf("rows = %d, want 1: the COMMIT was answered", n)
+	}
+	if s := p.Stats(); s.Fatals != 1 || s.Commits != 1 {
+		t.Fatalf("stats = %+v", s)
 	}
 }
