@@ -254,32 +254,45 @@ func contract[TTx any](t *testing.T, k kit[TTx]) {
 		}
 	})
 
-	t.Run("LostCommitReplyIsResolvedAsCommitted", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, k)
-		var dropped atomic.Bool
-		p := startProxy(t, b.db.URL, func(ev pgproxy.Event) pgproxy.Action {
-			if ev.Kind == pgproxy.Commit && dropped.CompareAndSwap(false, true) {
-				return pgproxy.DropReply
+	// A lost COMMIT reply, and a COMMIT answered before the backend ended
+	// the connection with FATAL 57P01 (terminated between its answer and
+	// ReadyForQuery, so the driver reports a server error for a COMMIT that
+	// applied): neither is a rollback. The claim is resolved, and reported
+	// claimed.
+	for _, fault := range []struct {
+		name   string
+		action pgproxy.Action
+	}{
+		{"LostCommitReplyIsResolvedAsCommitted", pgproxy.DropReply},
+		{"FatalAfterCommitIsResolvedAsCommitted", pgproxy.FatalAfterReply},
+	} {
+		t.Run(fault.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, k)
+			var faulted atomic.Bool
+			u, p := dbtest.ProxyURL(t, b.db.URL, func(ev pgproxy.Event) pgproxy.Action {
+				if ev.Kind == pgproxy.Commit && faulted.CompareAndSwap(false, true) {
+					return fault.action
+				}
+				return pgproxy.Forward
+			})
+			c := b.consumer(t, b.newInbox(t, k.open(t, u), dedupe.Config{}), dedupe.ConsumerConfig[string]{}, nil, nil)
+			ctx := context.Background()
+			out, err := c.Handle(ctx, "lost-1")
+			if err != nil || out != dedupe.OutcomeClaimed {
+				t.Fatalf("handle with the commit's answer faulted = %v, %v; want claimed", out, err)
 			}
-			return pgproxy.Forward
+			if got := p.Stats().Of(fault.action); got != 1 {
+				t.Fatalf("the proxy faulted %d commits, want 1", got)
+			}
+			if got := b.effects(t, "lost-1"); got != 1 {
+				t.Fatalf("effects = %d, want 1", got)
+			}
+			if out, err := c.Handle(ctx, "lost-1"); err != nil || out != dedupe.OutcomeDuplicate {
+				t.Fatalf("redelivery = %v, %v; want duplicate", out, err)
+			}
 		})
-		c := b.consumer(t, b.newInbox(t, k.open(t, p), dedupe.Config{}), dedupe.ConsumerConfig[string]{}, nil, nil)
-		ctx := context.Background()
-		out, err := c.Handle(ctx, "lost-1")
-		if err != nil || out != dedupe.OutcomeClaimed {
-			t.Fatalf("handle with a lost commit reply = %v, %v; want claimed", out, err)
-		}
-		if !dropped.Load() {
-			t.Fatal("the proxy dropped no commit reply")
-		}
-		if got := b.effects(t, "lost-1"); got != 1 {
-			t.Fatalf("effects = %d, want 1", got)
-		}
-		if out, err := c.Handle(ctx, "lost-1"); err != nil || out != dedupe.OutcomeDuplicate {
-			t.Fatalf("redelivery = %v, %v; want duplicate", out, err)
-		}
-	})
+	}
 
 	t.Run("CommitNeverSentIsNotACommit", func(t *testing.T) {
 		t.Parallel()
@@ -305,38 +318,6 @@ func contract[TTx any](t *testing.T, k kit[TTx]) {
 		}
 		if got := b.effects(t, "cut-1"); got != 1 {
 			t.Fatalf("effects = %d, want 1", got)
-		}
-	})
-
-	t.Run("FatalAfterCommitIsResolvedAsCommitted", func(t *testing.T) {
-		// The COMMIT is answered, then the backend ends the connection with
-		// FATAL 57P01 (terminated between its answer and ReadyForQuery):
-		// the driver reports a server error for a COMMIT that applied. A
-		// FATAL error says the connection ended, not that the COMMIT did not
-		// apply: the claim is resolved, and reported claimed.
-		t.Parallel()
-		b := setup(t, k)
-		var fatal atomic.Bool
-		u, p := dbtest.ProxyURL(t, b.db.URL, func(ev pgproxy.Event) pgproxy.Action {
-			if ev.Kind == pgproxy.Commit && fatal.CompareAndSwap(false, true) {
-				return pgproxy.FatalAfterReply
-			}
-			return pgproxy.Forward
-		})
-		c := b.consumer(t, b.newInbox(t, k.open(t, u), dedupe.Config{}), dedupe.ConsumerConfig[string]{}, nil, nil)
-		ctx := context.Background()
-		out, err := c.Handle(ctx, "fatal-1")
-		if err != nil || out != dedupe.OutcomeClaimed {
-			t.Fatalf("handle with FATAL after the commit's answer = %v, %v; want claimed", out, err)
-		}
-		if p.Stats().Fatals != 1 {
-			t.Fatal("the proxy sent no FATAL after a commit")
-		}
-		if got := b.effects(t, "fatal-1"); got != 1 {
-			t.Fatalf("effects = %d, want 1", got)
-		}
-		if out, err := c.Handle(ctx, "fatal-1"); err != nil || out != dedupe.OutcomeDuplicate {
-			t.Fatalf("redelivery = %v, %v; want duplicate", out, err)
 		}
 	})
 

@@ -91,6 +91,20 @@ type Stats struct {
 	Fatals        int64 // connections ended with a FATAL error after the server's answer
 }
 
+// Of returns how often the proxy took action a (Cut, DropReply or
+// FatalAfterReply); 0 for Forward.
+func (s Stats) Of(a Action) int64 {
+	switch a {
+	case Cut:
+		return s.Cuts
+	case DropReply:
+		return s.DroppedReplys
+	case FatalAfterReply:
+		return s.Fatals
+	}
+	return 0
+}
+
 // Proxy forwards connections from its address to a PostgreSQL server.
 type Proxy struct {
 	ln     net.Listener
