@@ -120,6 +120,9 @@ type claimRound struct {
 	peekedState string
 	// read holds what a full read scanned, in the round's own allocation.
 	read recordDest
+	// later holds the claim's arguments for the peek that readPeekLater
+	// leaves to peekAfter.
+	later []any
 }
 
 // claimRead is what queueClaim reads behind the insert.
@@ -135,6 +138,12 @@ const (
 	// readPeek reads only what classifies the key (no stored result), unless
 	// the row holds the claim's token.
 	readPeek
+	// readPeekLater queues no read: peekAfter runs readPeek's once the
+	// insert found the key taken. For a driver that sends BEGIN on its own
+	// (database/sql), where the read queued with the claim would save a
+	// duplicate no round trip against a hand-written transaction and cost
+	// every new key its statement.
+	readPeekLater
 )
 
 // queueClaim queues the claim's insert and, behind it, the read of the key,
@@ -151,21 +160,17 @@ func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq, read claimRead) *claimRoun
 		round.inserted = err == nil
 		return err
 	})
-	if read == readPeek {
+	switch read {
+	case readPeekLater:
+		round.later = args
+		return round
+	case readPeek:
 		// The peek reuses the claim's arguments: no conversion twice.
 		b.Queue(i.q.peek, args[claimArgNow], args[claimArgScope], args[claimArgKey], args[claimArgToken]).QueryRow(func(row pgx.Row) error {
 			if round.inserted && skipRow(row) {
 				return nil // sent one by one: a new key needs no read
 			}
-			rec := &round.peeked
-			rec.Key = r.key
-			err := row.Scan(&round.peekedState, &rec.Attempts, &rec.Token, &rec.LockedUntil, &rec.Key.Fingerprint, &rec.ReadAt)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
-			}
-			rec.State = State(round.peekedState)
-			round.rec = rec
-			return err
+			return round.scanPeek(row, r.key)
 		})
 		return round
 	}
@@ -191,6 +196,32 @@ func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq, read claimRead) *claimRoun
 		return err
 	})
 	return round
+}
+
+// scanPeek scans what the peek of key read into the round: the existing
+// row, or none.
+func (round *claimRound) scanPeek(row pgx.Row, key Key) error {
+	rec := &round.peeked
+	rec.Key = key
+	err := row.Scan(&round.peekedState, &rec.Attempts, &rec.Token, &rec.LockedUntil, &rec.Key.Fingerprint, &rec.ReadAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	rec.State = State(round.peekedState)
+	round.rec = rec
+	return err
+}
+
+// peekAfter runs, through q, the peek that a claim queued with
+// readPeekLater left out, when its insert found the key taken. In READ
+// COMMITTED the statement takes a fresh snapshot, so it sees the row of a
+// transaction that committed while the insert waited.
+func (i *Inbox) peekAfter(ctx context.Context, q Querier, r *claimReq, round *claimRound) error {
+	a := round.later
+	if a == nil || round.inserted {
+		return nil
+	}
+	return translate(round.scanPeek(q.QueryRow(ctx, i.q.peek, a[claimArgNow], a[claimArgScope], a[claimArgKey], a[claimArgToken]), r.key))
 }
 
 // settle turns a claim round into the claim's outcome. A key that was

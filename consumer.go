@@ -240,7 +240,11 @@ func (c *Consumer[M]) attemptClaim(ctx context.Context, key Key, msg M, cp **Cla
 	inbox := c.inbox
 	req := inbox.newClaimReq(key, StateComplete, c.maxAttempts)
 	b := c.beginBatch()
-	round := inbox.queueClaim(b, req, readPeek)
+	read := readPeek // with BEGIN: a duplicate costs one round trip
+	if !inbox.drv.pipelines() {
+		read = readPeekLater // BEGIN goes alone: a new key costs no read
+	}
+	round := inbox.queueClaim(b, req, read)
 	savepoint := queueSavepoint(inbox.drv, b, round)
 	sent := time.Now()
 	tx, err := c.begin(ctx, b)
@@ -248,6 +252,9 @@ func (c *Consumer[M]) attemptClaim(ctx context.Context, key Key, msg M, cp **Cla
 		return inFlightOr(err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	if err := inbox.peekAfter(ctx, tx, req, round); err != nil {
+		return inFlightOr(err)
+	}
 	claim, extra, err := inbox.settle(ctx, tx, req, round, sent)
 	if err != nil {
 		return inFlightOr(err)

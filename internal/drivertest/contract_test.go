@@ -212,6 +212,64 @@ func contract[TTx any](t *testing.T, k kit[TTx]) {
 		}
 	})
 
+	t.Run("HandleClassifiesAnExistingKey", func(t *testing.T) {
+		// Every state a redelivery can find its key in, read behind the claim
+		// that found it taken (in its round trip over pgx, after it over
+		// database/sql): only a key nobody holds any more runs the handler.
+		t.Parallel()
+		b := setup(t, k)
+		inbox := b.newInbox(t, b.inbox, dedupe.Config{Lease: 30 * time.Second})
+		ctx := context.Background()
+		var runs atomic.Int64
+		fp := func(v string) func(string) []byte { return func(string) []byte { return []byte(v) } }
+		c := b.consumer(t, inbox, dedupe.ConsumerConfig[string]{Fingerprint: fp("a")}, &runs, func(key string) error {
+			if key == "poison" {
+				return dedupe.Permanent(errors.New("fails"))
+			}
+			return nil
+		})
+		other := b.consumer(t, inbox, dedupe.ConsumerConfig[string]{Fingerprint: fp("b")}, &runs, nil)
+		for _, key := range []string{"done", "other-payload"} {
+			if out, err := c.Handle(ctx, key); err != nil || out != dedupe.OutcomeClaimed {
+				t.Fatalf("first handling of %s = %v, %v", key, out, err)
+			}
+		}
+		if out, _ := c.Handle(ctx, "poison"); out != dedupe.OutcomePoisoned {
+			t.Fatalf("first handling of poison = %v, want poisoned (a permanent error)", out)
+		}
+		if _, err := inbox.Begin(ctx, dedupe.Key{Scope: "orders", ID: "leased", Fingerprint: []byte("a")}); err != nil {
+			t.Fatal(err)
+		}
+		runs.Store(0)
+		for _, tc := range []struct {
+			key  string
+			c    *dedupe.Consumer[string]
+			want dedupe.Outcome
+			err  error
+		}{
+			{"done", c, dedupe.OutcomeDuplicate, nil},
+			{"other-payload", other, dedupe.OutcomeConflict, dedupe.ErrConflict},
+			{"poison", c, dedupe.OutcomePoisoned, dedupe.ErrPoisoned},
+			{"leased", c, dedupe.OutcomeInFlight, dedupe.ErrInFlight},
+		} {
+			out, err := tc.c.Handle(ctx, tc.key)
+			if out != tc.want || (tc.err == nil && err != nil) || (tc.err != nil && !errors.Is(err, tc.err)) {
+				t.Errorf("redelivery of %s = %v, %v; want %v, %v", tc.key, out, err, tc.want, tc.err)
+			}
+		}
+		if n := runs.Load(); n != 0 {
+			t.Fatalf("the handler ran %d times for keys that exist, want 0", n)
+		}
+		// The lease ends (its holder died): the redelivery takes the key over.
+		b.clock.Advance(31 * time.Second)
+		if out, err := c.Handle(ctx, "leased"); err != nil || out != dedupe.OutcomeClaimed {
+			t.Fatalf("redelivery after the lease ended = %v, %v; want claimed", out, err)
+		}
+		if got := b.effects(t, "leased"); got != 1 || runs.Load() != 1 {
+			t.Fatalf("effects = %d, runs = %d after the takeover; want 1, 1", got, runs.Load())
+		}
+	})
+
 	t.Run("LeaseFencingAndTakeover", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, k)
