@@ -69,23 +69,26 @@ func MayHaveApplied(err error) bool {
 	return !pgconn.SafeToRetry(err)
 }
 
-// IsFatal reports a server error of severity FATAL or PANIC on an
-// established connection, from any driver (*pgconn.PgError, lib/pq's
-// *pq.Error by its Fatal method): the server ended the connection. An error
-// while connecting (*pgconn.ConnectError) is not one: nothing was sent.
+// IsFatal reports a server error of severity FATAL or PANIC that pgx (or
+// its stdlib) received on an established connection: the server ended the
+// connection. An error while connecting (*pgconn.ConnectError) is not one:
+// nothing was sent. lib/pq is not asked: it turns a FATAL error on an open
+// connection into driver.ErrBadConn (already an outcome that may have
+// applied), and returns its *pq.Error with severity FATAL only when the
+// server refused a new connection (an unknown database, too many clients,
+// a server starting or stopping), where nothing was sent.
 func IsFatal(err error) bool {
 	var ce *pgconn.ConnectError
 	if errors.As(err, &ce) {
 		return false
 	}
 	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		sev := pe.SeverityUnlocalized
-		if sev == "" {
-			sev = pe.Severity
-		}
-		return sev == "FATAL" || sev == "PANIC"
+	if !errors.As(err, &pe) {
+		return false
 	}
-	var f interface{ Fatal() bool }
-	return errors.As(err, &f) && f.Fatal()
+	sev := pe.SeverityUnlocalized
+	if sev == "" {
+		sev = pe.Severity
+	}
+	return sev == "FATAL" || sev == "PANIC"
 }

@@ -38,7 +38,7 @@ func TestMayHaveApplied(t *testing.T) {
 		{"pgx FATAL, localized severity only", &pgconn.PgError{Severity: "FATAL", Code: "57P02"}, true},
 		{"pgx PANIC", &pgconn.PgError{Severity: "PANIC", SeverityUnlocalized: "PANIC", Code: "XX000"}, true},
 		{"pgx localized FATAL text with an ERROR severity", &pgconn.PgError{Severity: "FATAL", SeverityUnlocalized: "ERROR", Code: "40001"}, false},
-		{"lib/pq FATAL", &pqError{code: "57P01", fatal: true}, true},
+		{"lib/pq FATAL: only a refused connection (an open one's is driver.ErrBadConn)", &pqError{code: "53300", fatal: true}, false},
 		{"pgx rolled back", pgx.ErrTxCommitRollback, false},
 		{"lib/pq rolled back (v1.12)", errors.New("pq: could not complete operation in a failed transaction"), false},
 		{"lib/pq rolled back (older)", fmt.Errorf("x: %w", errors.New("pq: Could not complete operation in a failed transaction")), false},
