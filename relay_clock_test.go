@@ -24,6 +24,7 @@ import (
 // for a relay elsewhere.
 func TestRelayDecisionsIgnoreASkewedApplicationClock(t *testing.T) {
 	t.Parallel()
+	const retryAfter = 2 * time.Second
 	for name, appNow := range map[string]time.Time{
 		"behind": {}, // the bubble's own epoch, 2000-01-01
 		"ahead":  time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC),
@@ -69,8 +70,8 @@ func TestRelayDecisionsIgnoreASkewedApplicationClock(t *testing.T) {
 					mu   sync.Mutex
 					lags []time.Duration
 				)
-				relay, err := dedupe.NewRelay(ob, rec, dedupe.RelayConfig{DisableListen: true, MinBackoff: 300 * time.Millisecond,
-					MaxBackoff: 300 * time.Millisecond, Retention: time.Hour, Logger: testLogger(t),
+				relay, err := dedupe.NewRelay(ob, rec, dedupe.RelayConfig{DisableListen: true, MinBackoff: retryAfter,
+					MaxBackoff: retryAfter, Retention: time.Hour, Logger: testLogger(t),
 					Observer: relayHooks{Published: func(_ *dedupe.OutboxMessage, lag time.Duration) {
 						mu.Lock()
 						lags = append(lags, lag)
@@ -83,16 +84,18 @@ func TestRelayDecisionsIgnoreASkewedApplicationClock(t *testing.T) {
 				if n, err := relay.Cycle(ctx); n != 1 || err != nil {
 					t.Fatalf("first cycle = %d, %v; want the unkeyed message published, the other failed", n, err)
 				}
-				// The retry is due 300ms after the failure on the database's
-				// clock, whatever the application's says.
+				// The retry is due retryAfter (less up to 20% jitter) after the
+				// failure on the database's clock, whatever the application's
+				// says; long enough that the count and the next cycle run
+				// before it on a loaded machine.
 				if n := count(`SELECT count(*) FROM dedupe_outbox WHERE message_id = $1 AND attempts = 1
-					AND next_attempt_at BETWEEN clock_timestamp() AND clock_timestamp() + interval '1 second'`, ids[0]); n != 1 {
+					AND next_attempt_at BETWEEN clock_timestamp() AND clock_timestamp() + $2::interval`, ids[0], retryAfter.String()); n != 1 {
 					t.Fatal("the retry is not scheduled on the database's clock")
 				}
 				if n, err := relay.Cycle(ctx); n != 0 || err != nil {
 					t.Fatalf("cycle before the retry is due = %d, %v", n, err)
 				}
-				count("SELECT count(*) FROM pg_sleep(0.5)") // only the database's time moves
+				count("SELECT count(*) FROM pg_sleep($1)", (retryAfter + 100*time.Millisecond).Seconds()) // only the database's time moves
 				if n, err := relay.Cycle(ctx); n != 1 || err != nil {
 					t.Fatalf("cycle once the retry is due on the database's clock = %d, %v", n, err)
 				}

@@ -33,7 +33,9 @@ func (b *bench) openSQL(ctx context.Context) error {
 	if b.connConfig == nil {
 		return errors.New("bench: no connection config for the database/sql rows")
 	}
-	db := stdlib.OpenDB(*b.connConfig.Copy())
+	// No liveness ping either (stdlib pings a connection unused for a
+	// second): see the pool's ShouldPing.
+	db := stdlib.OpenDB(*b.connConfig.Copy(), stdlib.OptionShouldPing(func(context.Context, stdlib.ShouldPingParams) bool { return false }))
 	n := int(b.pool.Config().MaxConns)
 	db.SetMaxOpenConns(n)
 	db.SetMaxIdleConns(n) // the default keeps 2 idle: more workers would reconnect

@@ -233,6 +233,9 @@ func TestCommittedOffsetBeyondEndResumesAtFirst(t *testing.T) {
 	if !b.log.contains("beyond the end of the partition", "resuming at its first offset") {
 		t.Fatal("the out-of-range offset was not logged")
 	}
+	// The observer hears of a handling after its COMMIT's reply, which can
+	// come after the effects are visible: awaited, not read once.
+	dbtest.WaitFor(t, 30*time.Second, "three handlings observed", func() bool { return m.handled() >= 3 })
 	if m.handled() != 3 {
 		t.Fatalf("observed %s, want 3 handled", m.obs)
 	}

@@ -366,6 +366,11 @@ func TestShutdownNeverAcksUncommittedWork(t *testing.T) {
 			t.Fatal("handlers did not start")
 		}
 	}
+	// The other two are fetched into the runner's buffer before it stops.
+	dbtest.WaitFor(t, 10*time.Second, "all six messages delivered to the runner", func() bool {
+		ci, err := b.cons.Info(context.Background())
+		return err == nil && ci.NumAckPending == 6
+	})
 	stop1()
 	if n := b.effects(t); n != 0 {
 		t.Fatalf("effects after shutdown = %d, want 0 (rolled back)", n)
