@@ -28,7 +28,9 @@ func TestPoolStarvedBeginReturnsLiveLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	starved := db.AppPool(t, "starved", 1)
-	const lease = 500 * time.Millisecond
+	// The lease must outlive the steps from the claim to the second Begin
+	// below on a loaded machine; the pool wait must outlast it.
+	const lease = 2 * time.Second
 	inbox, err := dedupe.New(starved, dedupe.Config{Lease: lease, Logger: dbtest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -37,7 +39,7 @@ func TestPoolStarvedBeginReturnsLiveLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Hold the only connection for three leases.
+	// Hold the only connection for longer than a lease.
 	held, err := starved.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -48,7 +50,7 @@ func TestPoolStarvedBeginReturnsLiveLease(t *testing.T) {
 		wg   sync.WaitGroup
 	)
 	wg.Go(func() { c, berr = inbox.Begin(ctx, dedupe.Key{Scope: "jobs", ID: "starved"}) })
-	time.Sleep(3 * lease) // timing is the feature: the wait must outlast the lease
+	time.Sleep(lease + time.Second) // timing is the feature: the wait must outlast the lease
 	held.Release()
 	wg.Wait()
 	if berr != nil || c.Outcome != dedupe.OutcomeClaimed {

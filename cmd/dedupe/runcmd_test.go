@@ -99,8 +99,10 @@ func TestRunConcurrentProcessesRunsOnce(t *testing.T) {
 func TestRunKilledLeaseExpiresAndRetryTakesOver(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	const lease = 1500 * time.Millisecond
-	const firstSleep = 2500 * time.Millisecond
+	// The lease must outlive the start of the second process below (a Go
+	// binary and its connection, slow on a loaded machine).
+	const lease = 4 * time.Second
+	const firstSleep = 5 * time.Second
 	e.setSleep(t, firstSleep)
 	cmd := e.process(e.runArgs("export", "--lease", lease.String())...)
 	if err := cmd.Start(); err != nil {
@@ -118,7 +120,7 @@ func TestRunKilledLeaseExpiresAndRetryTakesOver(t *testing.T) {
 	// The dead run's lease still holds: another run is told to retry later.
 	e.expectRun(t, "run during the dead lease", want{code: exitInFlight, outcome: "in_flight"}, "export", "--lease", lease.String())
 	// Once it expired, the next run takes over as attempt 2.
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for e.inspect(t, "jobs", "export").Lease == "live" {
 		if time.Now().After(deadline) {
 			t.Fatal("the dead run's lease never expired")

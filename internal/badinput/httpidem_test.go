@@ -22,11 +22,14 @@ type idemEnv struct {
 	route   http.Handler
 	ran     atomic.Int64
 	lastErr atomic.Pointer[error]
+	// release lets a request with X-Slow leave its handler: it holds its
+	// key until the test closes release (or the request ends).
+	release chan struct{}
 }
 
 func setupIdem(t *testing.T, cfg httpidem.Config) *idemEnv {
 	t.Helper()
-	ie := &idemEnv{env: setup(t)}
+	ie := &idemEnv{env: setup(t), release: make(chan struct{})}
 	cfg.KeyRequired = true
 	cfg.MaxRequestBytes = 1024
 	if cfg.Tenant == nil {
@@ -61,7 +64,10 @@ func setupIdem(t *testing.T, cfg httpidem.Config) *idemEnv {
 			return
 		}
 		if r.Header.Get("X-Slow") != "" {
-			time.Sleep(300 * time.Millisecond)
+			select {
+			case <-ie.release:
+			case <-r.Context().Done():
+			}
 		}
 		w.WriteHeader(http.StatusCreated)
 	})
@@ -178,6 +184,7 @@ func TestIdempotencyKeyReuseAndInFlight(t *testing.T) {
 	if p := ie.lastErr.Load(); p == nil || !errors.Is(*p, httpidem.ErrInFlight) {
 		t.Errorf("concurrent duplicate: err = %v, want ErrInFlight", p)
 	}
+	close(ie.release) // the first request ends only now: the key was held throughout
 	if status := <-done; status != http.StatusCreated {
 		t.Fatalf("first request: status %d, want 201", status)
 	}

@@ -496,16 +496,25 @@ func TestConcurrentDuplicateInFlightNakedWithDelay(t *testing.T) {
 	cfg := fastConfig()
 	cfg.LockTimeout = 50 * time.Millisecond
 	cfg.InFlightDelay = 150 * time.Millisecond
+	inFlight := make(chan struct{})
+	var once sync.Once
 	obs := dedupe.Observers(c, observetest.OnEvent(func(_ context.Context, e dedupe.TransportEvent) {
 		if e.Name == dedupe.EventRetried && errors.Is(e.Err, dedupe.ErrInFlight) {
 			mu.Lock()
 			delays = append(delays, e.Delay)
 			mu.Unlock()
+			once.Do(func() { close(inFlight) })
 		}
 	}))
 	r := newRunner(t, b.observed(t, obs), b.cons, cfg, func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
 		runs.Add(1)
-		time.Sleep(400 * time.Millisecond) // hold the claim's row lock
+		// Hold the claim's row lock until the other copy was naked as in
+		// flight: paced by that, not by a sleep a loaded machine outlasts.
+		select {
+		case <-inFlight:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 		return insertEffect(ctx, tx, msg)
 	})
 	dbtest.Background(t, "runner", r.Run)
