@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -103,7 +101,7 @@ func (e *env) cli(t *testing.T, args ...string) result {
 
 func (e *env) cliCtx(t *testing.T, ctx context.Context, args ...string) result {
 	t.Helper()
-	var out, errb syncBuffer
+	var out, errb dbtest.Buffer
 	code := run(ctx, append([]string{"--database-url", e.db.URL}, args...), &out, &errb)
 	return result{code: code, stdout: out.String(), stderr: errb.String()}
 }
@@ -194,23 +192,4 @@ func (e *env) inspect(t *testing.T, scope, key string) recordJSON {
 		t.Fatalf("inspect output: %v\n%s", err, r.stdout)
 	}
 	return rec
-}
-
-// syncBuffer is a bytes.Buffer safe for the goroutines that copy a command's
-// output.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -49,7 +49,7 @@ func TestMigrateUpStatusSQLAndNotMigrated(t *testing.T) {
 	}
 	// migrate sql needs no database.
 	r = result{}
-	var out, errb syncBuffer
+	var out, errb dbtest.Buffer
 	r.code = run(context.Background(), []string{"migrate", "sql", "--table", "jobs_inbox"}, &out, &errb)
 	if r.code != 0 || !strings.Contains(out.String(), `CREATE TABLE IF NOT EXISTS "jobs_inbox"`) {
 		t.Fatalf("migrate sql = %d\n%s%s", r.code, out.String(), errb.String())
@@ -305,7 +305,7 @@ func TestUsageAndHelp(t *testing.T) {
 // TestNoDatabaseURL cannot run in parallel: it clears DATABASE_URL.
 func TestNoDatabaseURL(t *testing.T) {
 	t.Setenv("DATABASE_URL", "")
-	var out, errb syncBuffer
+	var out, errb dbtest.Buffer
 	code := run(context.Background(), []string{"stats"}, &out, &errb)
 	if code != exitUsage || !strings.Contains(errb.String(), "DATABASE_URL") {
 		t.Fatalf("stats without a database = %d\n%s", code, errb.String())

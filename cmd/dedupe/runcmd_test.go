@@ -393,7 +393,7 @@ func TestRunSIGTERMStopsCommandAndReleasesKey(t *testing.T) {
 	e := setup(t)
 	e.setSleep(t, 20*time.Second)
 	cmd := e.process(e.runArgs("terminated")...)
-	var stderr syncBuffer
+	var stderr dbtest.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -397,7 +397,7 @@ func contract[TTx any](t *testing.T, k kit[TTx]) {
 			t.Fatal(err)
 		}
 		u.Path = "/dedupe_no_such_database"
-		var log lockedBuffer
+		var log dbtest.Buffer
 		inbox, err := dedupe.New(k.open(t, u.String()), dedupe.Config{Logger: slog.New(slog.NewTextHandler(&log, nil))})
 		if err != nil {
 			t.Fatal(err)
@@ -619,22 +619,4 @@ func batches[TTx any](t *testing.T, k kit[TTx]) {
 			t.Fatalf("%s: %d effects, want %d", key, got, want)
 		}
 	}
-}
-
-// lockedBuffer is a log destination safe for concurrent writers.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
