@@ -3,6 +3,7 @@ package dedupekafka
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -70,6 +71,34 @@ func NewOutboxPublisher(w *kafka.Writer, cfg OutboxPublisherConfig) (*OutboxPubl
 		return nil, &dedupe.ConfigError{Field: "writer.Balancer", Reason: "must map a key to one partition (e.g. &kafka.Hash{}); round-robin breaks per-key order"}
 	}
 	return &OutboxPublisher{w: w, cfg: c}, nil
+}
+
+var _ dedupe.HealthChecker = (*OutboxPublisher)(nil)
+
+// CheckHealth returns nil when the writer can reach its cluster: a broker
+// answers an ApiVersions request (a round trip) within ctx, and the writer's
+// transport has the cluster's metadata (kafka-go routes every write by its
+// cached metadata, and while its last refresh failed it fails every write,
+// for a while after the brokers are back). Otherwise it returns an error.
+// It implements dedupe.HealthChecker, which the relay asks when a cycle
+// published nothing: while it fails the failures are an outage (no attempt
+// counted, nothing parked, the relay pauses), however few keys the backlog
+// holds. A cluster that answers says the failures are the messages' (an
+// unknown topic, a partition without a leader).
+func (p *OutboxPublisher) CheckHealth(ctx context.Context) error {
+	c := &kafka.Client{Addr: p.w.Addr, Transport: p.w.Transport}
+	res, err := c.ApiVersions(ctx, &kafka.ApiVersionsRequest{Addr: p.w.Addr})
+	if err == nil {
+		err = res.Error
+	}
+	if err == nil {
+		// Served from the transport's cache: its error is the last refresh's.
+		_, err = c.Metadata(ctx, &kafka.MetadataRequest{Addr: p.w.Addr})
+	}
+	if err != nil {
+		return fmt.Errorf("dedupekafka: Kafka cluster unreachable: %w", err)
+	}
+	return nil
 }
 
 // Publish writes msgs with one WriteMessages call and reports each one's

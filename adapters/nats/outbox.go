@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -47,6 +48,35 @@ func NewOutboxPublisher(js jetstream.JetStream, cfg OutboxPublisherConfig) (*Out
 		c.Subject = func(topic string) string { return topic }
 	}
 	return &OutboxPublisher{js: js, cfg: c}, nil
+}
+
+var _ dedupe.HealthChecker = (*OutboxPublisher)(nil)
+
+// healthTimeout bounds CheckHealth called with a context without deadline.
+const healthTimeout = 5 * time.Second
+
+// CheckHealth returns nil when the NATS server answers a ping on js's
+// connection within ctx, and an error when the connection is down or
+// reconnecting. It implements dedupe.HealthChecker, which the relay asks
+// when a cycle published nothing: while it fails the failures are an outage
+// (no attempt counted, nothing parked, the relay pauses), however few keys
+// the backlog holds. A server that answers says the failures are the
+// messages' (a subject no stream captures, a stream that refuses them).
+func (p *OutboxPublisher) CheckHealth(ctx context.Context) error {
+	nc := p.js.Conn()
+	if nc == nil {
+		return errors.New("dedupenats: no NATS connection")
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		// FlushWithContext needs a deadline; the relay always gives one.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, healthTimeout)
+		defer cancel()
+	}
+	if err := nc.FlushWithContext(ctx); err != nil {
+		return fmt.Errorf("dedupenats: NATS server unreachable (%s): %w", nc.Status(), err)
+	}
+	return nil
 }
 
 // Duplicates returns how many publishes the stream acknowledged as

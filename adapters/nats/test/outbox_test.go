@@ -283,9 +283,21 @@ func TestOutboxPublisherTwoRelaysKeepOrder(t *testing.T) {
 
 // TestOutboxPublisherBrokerDownThenAllArrive stops the NATS server while
 // messages are committed and restarts it (same port, same store): the
-// messages wait in the outbox and all arrive, each once.
+// messages wait in the outbox and all arrive, each once, none parked. The
+// publisher's health check (a ping on its connection) tells the relay that
+// the server is gone, so a backlog of one key, whose cycles the relay alone
+// cannot tell from that message failing, parks nothing either.
 func TestOutboxPublisherBrokerDownThenAllArrive(t *testing.T) {
 	t.Parallel()
+	for _, keys := range []int{1, 5} {
+		t.Run(fmt.Sprintf("%d keys", keys), func(t *testing.T) {
+			t.Parallel()
+			natsDownThenAllArrive(t, keys)
+		})
+	}
+}
+
+func natsDownThenAllArrive(t *testing.T, keys int) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -326,14 +338,21 @@ func TestOutboxPublisherBrokerDownThenAllArrive(t *testing.T) {
 	srv.WaitForShutdown()
 	const n = 40
 	for i := range n {
-		e.enqueue(t, dedupe.Message{Topic: "orders.created", Key: fmt.Sprint("k", i%5), Payload: []byte(strconv.Itoa(i))})
+		e.enqueue(t, dedupe.Message{Topic: "orders.created", Key: fmt.Sprint("k", i%keys), Payload: []byte(strconv.Itoa(i))})
 	}
+	// More failed publishes than MaxAttempts allows one message.
 	dbtest.WaitFor(t, 10*time.Second, "failed publishes while down", func() bool { return failures.Load() >= 5 })
+	if err := e.pub.CheckHealth(context.Background()); err == nil {
+		t.Fatal("health check with the server down = nil, want an error")
+	}
 	if p := e.db.Count(t, "SELECT count(*) FROM dedupe_outbox WHERE parked_at IS NOT NULL"); p != 0 {
 		t.Fatalf("outage parked %d messages", p)
 	}
 	srv = start()
 	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	dbtest.WaitFor(t, 20*time.Second, "the health check to pass once the client reconnected", func() bool {
+		return e.pub.CheckHealth(context.Background()) == nil
+	})
 	dbtest.WaitFor(t, 20*time.Second, "all messages after restart", func() bool {
 		return e.db.Count(t, "SELECT count(*) FROM dedupe_outbox WHERE published_at IS NULL") == 0
 	})
