@@ -189,7 +189,7 @@ func TestHandleBatchFuncFailureFallsBackPerMessage(t *testing.T) {
 func TestHandleBatchLostCommitReplyResolved(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pool, _ := faultyPool(t, b, once(pgproxy.DropReply, isCommit))
+	pool, _ := faultyPool(t, b, pgproxy.Once(pgproxy.DropReply, pgproxy.IsCommit))
 	c, err := dedupe.NewBatchConsumer(newInbox(t, pool, b), dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey}, insertEffect)
 	if err != nil {
 		t.Fatal(err)

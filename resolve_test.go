@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,20 +20,6 @@ func faultyPool(t *testing.T, b *bundle, policy pgproxy.Policy) (*pgxpool.Pool, 
 	t.Helper()
 	return dbtest.ProxyPool(t, b.db.URL, policy)
 }
-
-// once returns a policy that applies action to the first message matching
-// match, and forwards everything else.
-func once(action pgproxy.Action, match func(pgproxy.Event) bool) pgproxy.Policy {
-	var done atomic.Bool
-	return func(ev pgproxy.Event) pgproxy.Action {
-		if match(ev) && done.CompareAndSwap(false, true) {
-			return action
-		}
-		return pgproxy.Forward
-	}
-}
-
-func isCommit(ev pgproxy.Event) bool { return ev.Kind == pgproxy.Commit }
 
 // runsInsert matches the execution of the inbox's claim insert.
 func runsInsert(ev pgproxy.Event) bool {
@@ -64,7 +49,7 @@ func newInbox(t *testing.T, db dedupe.DB, b *bundle) *dedupe.Inbox {
 func TestHandleLostCommitReplyIsResolvedAsCommitted(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pool, p := faultyPool(t, b, once(pgproxy.DropReply, isCommit))
+	pool, p := faultyPool(t, b, pgproxy.Once(pgproxy.DropReply, pgproxy.IsCommit))
 	c, err := dedupe.NewConsumer(newInbox(t, pool, b), dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey}, insertEffect)
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +76,7 @@ func TestHandleLostCommitReplyIsResolvedAsCommitted(t *testing.T) {
 func TestHandleCommitNeverSentIsResolvedAsNotCommitted(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pool, _ := faultyPool(t, b, once(pgproxy.Cut, isCommit))
+	pool, _ := faultyPool(t, b, pgproxy.Once(pgproxy.Cut, pgproxy.IsCommit))
 	c, err := dedupe.NewConsumer(newInbox(t, pool, b), dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey}, insertEffect)
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +103,7 @@ func TestHandleCommitNeverSentIsResolvedAsNotCommitted(t *testing.T) {
 func TestCompleteWithLostReplySucceeds(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pool, p := faultyPool(t, b, once(pgproxy.DropReply, runsUpdate))
+	pool, p := faultyPool(t, b, pgproxy.Once(pgproxy.DropReply, runsUpdate))
 	inbox := newInbox(t, pool, b)
 	ctx := context.Background()
 	key := dedupe.Key{Scope: "jobs", ID: "complete-lost"}
@@ -149,7 +134,7 @@ func TestCompleteWithLostReplySucceeds(t *testing.T) {
 func TestBeginWithLostReplyHoldsTheKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pool, p := faultyPool(t, b, once(pgproxy.DropReply, runsInsert))
+	pool, p := faultyPool(t, b, pgproxy.Once(pgproxy.DropReply, runsInsert))
 	inbox := newInbox(t, pool, b)
 	ctx := context.Background()
 	key := dedupe.Key{Scope: "jobs", ID: "begin-lost"}
@@ -173,7 +158,7 @@ func TestBeginWithLostReplyHoldsTheKey(t *testing.T) {
 func TestResolveAfterLostCommitOfCallersTransaction(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pool, _ := faultyPool(t, b, once(pgproxy.DropReply, isCommit))
+	pool, _ := faultyPool(t, b, pgproxy.Once(pgproxy.DropReply, pgproxy.IsCommit))
 	inbox := newInbox(t, pool, b)
 	ctx := context.Background()
 	tx, err := pool.Begin(ctx)

@@ -33,7 +33,7 @@ func TestIdemLostCommitReplyAnswersTheResponse(t *testing.T) {
 func lostCommitAnswersTheResponse(t *testing.T, action pgproxy.Action) {
 	forDriversModes(t, func(t *testing.T, drv driver, mode httpidem.Mode) {
 		b := setupOn(t, drv)
-		_, p := b.viaProxy(t, once(action, isCommit), httpidem.Config{Mode: mode})
+		_, p := b.viaProxy(t, pgproxy.Once(action, pgproxy.IsCommit), httpidem.Config{Mode: mode})
 		const n = 6
 		replies := make([]reply, n)
 		together(n, func(i int) { replies[i] = b.post(t, "acme", "key-lost", cart) })
@@ -72,7 +72,7 @@ func TestIdemCommitCutAnswersRetryable(t *testing.T) {
 	forDriversModes(t, func(t *testing.T, drv driver, mode httpidem.Mode) {
 		b := setupOn(t, drv)
 		refusals := &refusalLog{}
-		_, p := b.viaProxy(t, once(pgproxy.Cut, isCommit), httpidem.Config{Mode: mode, ErrorHandler: refusals.handle})
+		_, p := b.viaProxy(t, pgproxy.Once(pgproxy.Cut, pgproxy.IsCommit), httpidem.Config{Mode: mode, ErrorHandler: refusals.handle})
 		first := b.post(t, "acme", "key-cut", cart)
 		if p.Stats().Cuts != 1 {
 			t.Fatalf("the proxy cut %d connections, want 1", p.Stats().Cuts)
@@ -116,7 +116,7 @@ func TestIdemUnresolvedCommitIsOutcomeUnknown(t *testing.T) {
 				return pgproxy.Cut // the database is unreachable after the lost reply
 			default:
 			}
-			if isCommit(ev) {
+			if pgproxy.IsCommit(ev) {
 				close(dropped)
 				return pgproxy.DropReply
 			}

@@ -400,20 +400,6 @@ func (b *bundle) viaProxy(t *testing.T, policy pgproxy.Policy, cfg httpidem.Conf
 	return pool, p
 }
 
-// once returns a policy that applies action to the first message matching
-// match, and forwards everything else.
-func once(action pgproxy.Action, match func(pgproxy.Event) bool) pgproxy.Policy {
-	var done atomic.Bool
-	return func(ev pgproxy.Event) pgproxy.Action {
-		if match(ev) && done.CompareAndSwap(false, true) {
-			return action
-		}
-		return pgproxy.Forward
-	}
-}
-
-func isCommit(ev pgproxy.Event) bool { return ev.Kind == pgproxy.Commit }
-
 // sqlProxyDB is dbtest.ProxyPool for database/sql: a handle over pgx's
 // stdlib whose connections pass through the proxy, wrapped with dedupe.SQL.
 func sqlProxyDB(t *testing.T, url string, policy pgproxy.Policy) (*dedupe.SQLDB, *pgproxy.Proxy) {

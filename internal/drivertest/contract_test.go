@@ -333,13 +333,7 @@ func contract[TTx any](t *testing.T, k kit[TTx]) {
 		t.Run(fault.name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, k)
-			var faulted atomic.Bool
-			u, p := dbtest.ProxyURL(t, b.db.URL, func(ev pgproxy.Event) pgproxy.Action {
-				if ev.Kind == pgproxy.Commit && faulted.CompareAndSwap(false, true) {
-					return fault.action
-				}
-				return pgproxy.Forward
-			})
+			u, p := dbtest.ProxyURL(t, b.db.URL, pgproxy.Once(fault.action, pgproxy.IsCommit))
 			c := b.consumer(t, b.newInbox(t, k.open(t, u), dedupe.Config{}), dedupe.ConsumerConfig[string]{}, nil, nil)
 			ctx := context.Background()
 			out, err := c.Handle(ctx, "lost-1")
@@ -361,13 +355,7 @@ func contract[TTx any](t *testing.T, k kit[TTx]) {
 	t.Run("CommitNeverSentIsNotACommit", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, k)
-		var cut atomic.Bool
-		p := startProxy(t, b.db.URL, func(ev pgproxy.Event) pgproxy.Action {
-			if ev.Kind == pgproxy.Commit && cut.CompareAndSwap(false, true) {
-				return pgproxy.Cut
-			}
-			return pgproxy.Forward
-		})
+		p := startProxy(t, b.db.URL, pgproxy.Once(pgproxy.Cut, pgproxy.IsCommit))
 		c := b.consumer(t, b.newInbox(t, k.open(t, p), dedupe.Config{}), dedupe.ConsumerConfig[string]{}, nil, nil)
 		ctx := context.Background()
 		out, err := c.Handle(ctx, "cut-1")

@@ -82,6 +82,21 @@ type Event struct {
 // connection's goroutine and must be safe for concurrent use.
 type Policy func(Event) Action
 
+// Once returns a policy that applies action to the first message matching
+// match, on any connection, and forwards everything else.
+func Once(action Action, match func(Event) bool) Policy {
+	var done atomic.Bool
+	return func(ev Event) Action {
+		if match(ev) && done.CompareAndSwap(false, true) {
+			return action
+		}
+		return Forward
+	}
+}
+
+// IsCommit matches a COMMIT that runs (Once's match for a COMMIT fault).
+func IsCommit(ev Event) bool { return ev.Kind == Commit }
+
 // Stats counts what the proxy did.
 type Stats struct {
 	Conns         int64 // client connections accepted
