@@ -120,8 +120,8 @@ type claimRound struct {
 	peekedState string
 	// read holds what a full read scanned, in the round's own allocation.
 	read recordDest
-	// later holds the claim's arguments for the peek that readPeekLater
-	// leaves to peekAfter.
+	// later holds the claim's arguments for the peek a driver that does not
+	// pipeline leaves to peekAfter.
 	later []any
 }
 
@@ -136,14 +136,13 @@ const (
 	// for a claim whose token is new: its own row is the insert's.
 	readOthers
 	// readPeek reads only what classifies the key (no stored result), unless
-	// the row holds the claim's token.
+	// the row holds the claim's token. It goes with the claim when the
+	// driver pipelines (pgx: with BEGIN, so a duplicate costs one round
+	// trip); otherwise peekAfter runs it once the insert found the key
+	// taken (database/sql sends BEGIN alone, so the read queued with the
+	// claim would save a duplicate no round trip against a hand-written
+	// transaction and cost every new key its statement).
 	readPeek
-	// readPeekLater queues no read: peekAfter runs readPeek's once the
-	// insert found the key taken. For a driver that sends BEGIN on its own
-	// (database/sql), where the read queued with the claim would save a
-	// duplicate no round trip against a hand-written transaction and cost
-	// every new key its statement.
-	readPeekLater
 )
 
 // queueClaim queues the claim's insert and, behind it, the read of the key,
@@ -160,16 +159,13 @@ func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq, read claimRead) *claimRoun
 		round.inserted = err == nil
 		return err
 	})
-	switch read {
-	case readPeekLater:
-		round.later = args
-		return round
-	case readPeek:
+	if read == readPeek {
+		if !i.drv.pipelines() {
+			round.later = args // for peekAfter
+			return round
+		}
 		// The peek reuses the claim's arguments: no conversion twice.
 		b.Queue(i.q.peek, args[claimArgNow], args[claimArgScope], args[claimArgKey], args[claimArgToken]).QueryRow(func(row pgx.Row) error {
-			if round.inserted && skipRow(row) {
-				return nil // sent one by one: a new key needs no read
-			}
 			return round.scanPeek(row, r.key)
 		})
 		return round
@@ -212,8 +208,9 @@ func (round *claimRound) scanPeek(row pgx.Row, key Key) error {
 	return err
 }
 
-// peekAfter runs, through q, the peek that a claim queued with
-// readPeekLater left out, when its insert found the key taken. In READ
+// peekAfter runs, through q, the peek that a claim queued with readPeek
+// left out (a driver that does not pipeline), when its insert found the key
+// taken; it does nothing otherwise. In READ
 // COMMITTED the statement takes a fresh snapshot, so it sees the row of a
 // transaction that committed while the insert waited.
 func (i *Inbox) peekAfter(ctx context.Context, q Querier, r *claimReq, round *claimRound) error {

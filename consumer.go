@@ -240,11 +240,7 @@ func (c *Consumer[M]) attemptClaim(ctx context.Context, key Key, msg M, cp **Cla
 	inbox := c.inbox
 	req := inbox.newClaimReq(key, StateComplete, c.maxAttempts)
 	b := c.beginBatch()
-	read := readPeek // with BEGIN: a duplicate costs one round trip
-	if !inbox.drv.pipelines() {
-		read = readPeekLater // BEGIN goes alone: a new key costs no read
-	}
-	round := inbox.queueClaim(b, req, read)
+	round := inbox.queueClaim(b, req, readPeek)
 	savepoint := queueSavepoint(inbox.drv, b, round)
 	sent := time.Now()
 	tx, err := c.begin(ctx, b)

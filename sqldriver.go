@@ -26,14 +26,13 @@ import (
 // then receive a *sql.Tx (see TxHandlerFunc), and the guarantees are the
 // same as with pgx.
 //
-// What database/sql cannot do costs round trips, never correctness. Over
-// pgx's stdlib, BEGIN goes alone and the claim and the savepoint follow in
-// one round trip, through the *pgx.Conn under the transaction (pgx sends
-// BEGIN with them), then the read of an existing key only when the claim
-// found the key taken; over other drivers (lib/pq, or pgx's stdlib wrapped
-// by another driver) they are sent one after the other, each only when
-// needed. The Relay cannot LISTEN, so it
-// polls (RelayConfig.PollInterval). A handler's *sql.Tx cannot be guarded: a
+// What database/sql cannot do costs round trips, never correctness. BEGIN
+// goes alone. Over pgx's stdlib the claim and the savepoint follow in one
+// round trip, through the *pgx.Conn under the transaction; over other
+// drivers (lib/pq, or pgx's stdlib wrapped by another driver) one after the
+// other, each only when needed. The read of an existing key follows only a
+// claim that found its key taken. The Relay cannot LISTEN, so it polls
+// (RelayConfig.PollInterval). A handler's *sql.Tx cannot be guarded: a
 // handler that commits or rolls back itself gets ErrTxEnded from Handle,
 // and its message is redelivered (and found complete if it committed).
 func SQL(db *sql.DB) *SQLDB { return &SQLDB{sqlQuerier: sqlQuerier{db}, db: db} }
