@@ -391,7 +391,7 @@ func storeResultArgs(c *Claim, r Result, op string) ([]any, error) {
 	if err := mustHold(c, op); err != nil {
 		return nil, err
 	}
-	headers, err := headersJSON(r.Headers)
+	headers, err := headersArg(r.Headers)
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: encode result headers: %w", err)
 	}

@@ -491,6 +491,20 @@ func headersJSON(h map[string][]string) ([]byte, error) {
 	return append(b, '}'), nil
 }
 
+// headersArg is h as the statement argument of the jsonb column: NULL for
+// nil, else its JSON as a string. A string is sent as text of a type the
+// server infers from the column, so it is read as JSON in every pgx
+// statement mode and driver; []byte would go as bytea (hex) where pgx does
+// not describe the statement first (QueryExecModeExec, simple protocol),
+// which jsonb refuses.
+func headersArg(h map[string][]string) (any, error) {
+	b, err := headersJSON(h)
+	if b == nil || err != nil {
+		return nil, err
+	}
+	return string(b), nil
+}
+
 // appendJSONString appends s as a JSON string, escaped as encoding/json
 // escapes it: control characters, quotes and backslashes, <, > and &, U+2028
 // and U+2029, and invalid UTF-8 as U+FFFD.

@@ -138,7 +138,7 @@ func (i *Inbox) CompleteTx(ctx context.Context, q Querier, c *Claim, result Resu
 }
 
 func (i *Inbox) complete(ctx context.Context, q Querier, c *Claim, result Result) error {
-	headers, err := headersJSON(result.Headers)
+	headers, err := headersArg(result.Headers)
 	if err != nil {
 		return fmt.Errorf("dedupe: encode result headers: %w", err)
 	}

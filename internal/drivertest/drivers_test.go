@@ -36,16 +36,40 @@ type kit[TTx any] struct {
 	rollback func(ctx context.Context, tx TTx) error
 }
 
-var pgxKit = kit[pgx.Tx]{
-	name: "pgx",
-	open: func(t testing.TB, url string) dedupe.DB {
-		pool, err := pgxpool.New(context.Background(), url)
+var pgxKit = pgxKitWith("pgx", func(*pgx.ConnConfig) {})
+
+// pgxKitWith is pgx over pools whose connection configuration edit
+// changed: a tracer, or another statement mode (QueryExecModeExec, which
+// users behind PgBouncer choose), changes what pgx sends.
+func pgxKitWith(name string, edit func(*pgx.ConnConfig)) kit[pgx.Tx] {
+	k := pgxBase
+	k.name = name
+	k.open = func(t testing.TB, url string) dedupe.DB {
+		cfg, err := pgxpool.ParseConfig(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		edit(cfg.ConnConfig)
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(pool.Close)
 		return pool
-	},
+	}
+	return k
+}
+
+// tracer is a pgx query tracer that records nothing.
+type tracer struct{}
+
+func (tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (tracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// pgxBase is what every pgx kit shares.
+var pgxBase = kit[pgx.Tx]{
 	exec: func(ctx context.Context, tx pgx.Tx, sql string, args ...any) error {
 		_, err := tx.Exec(ctx, sql, args...)
 		return err
@@ -91,6 +115,14 @@ func sqlKit(driverName string) kit[*sql.Tx] {
 // TestContract runs the contract against each driver.
 func TestContract(t *testing.T) {
 	t.Run("pgx", func(t *testing.T) { t.Parallel(); contract(t, pgxKit) })
+	t.Run("pgx-traced", func(t *testing.T) {
+		t.Parallel()
+		contract(t, pgxKitWith("pgx-traced", func(c *pgx.ConnConfig) { c.Tracer = tracer{} }))
+	})
+	t.Run("pgx-exec-mode", func(t *testing.T) {
+		t.Parallel()
+		contract(t, pgxKitWith("pgx-exec-mode", func(c *pgx.ConnConfig) { c.DefaultQueryExecMode = pgx.QueryExecModeExec }))
+	})
 	t.Run("database-sql-pgx-stdlib", func(t *testing.T) { t.Parallel(); contract(t, sqlKit("pgx")) })
 	t.Run("database-sql-lib-pq", func(t *testing.T) { t.Parallel(); contract(t, sqlKit("postgres")) })
 }
