@@ -108,6 +108,9 @@ func newTxDriver[M any](inbox *Inbox, cfg *ConsumerConfig[M]) (txDriver, error) 
 		cfg.TxRetries = 3
 	}
 	d := txDriver{inbox: inbox, txOpts: pgx.TxOptions{IsoLevel: cfg.IsoLevel}}
+	if p, ok := inbox.drv.(pgxDriver); ok && p.direct != nil {
+		d.direct, d.directBegin = p.direct, newDirectBegin(d.txOpts)
+	}
 	switch {
 	case cfg.MaxAttempts == 0:
 		d.maxAttempts = inbox.cfg.maxAttemptsParam()
@@ -239,18 +242,12 @@ func (c *Consumer[M]) attempt(ctx context.Context, key Key, msg M) (Outcome, int
 func (c *Consumer[M]) attemptClaim(ctx context.Context, key Key, msg M, cp **Claim) (Outcome, error) {
 	inbox := c.inbox
 	req := inbox.newClaimReq(key, StateComplete, c.maxAttempts)
-	b := c.beginBatch()
-	round := inbox.queueClaim(b, req, readPeek)
-	savepoint := queueSavepoint(inbox.drv, b, round)
 	sent := time.Now()
-	tx, err := c.begin(ctx, b)
+	tx, round, savepoint, err := c.beginClaim(ctx, req)
 	if err != nil {
 		return inFlightOr(err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-	if err := inbox.peekAfter(ctx, tx, req, round); err != nil {
-		return inFlightOr(err)
-	}
 	claim, extra, err := inbox.settle(ctx, tx, req, round, sent)
 	if err != nil {
 		return inFlightOr(err)
@@ -272,7 +269,7 @@ func (c *Consumer[M]) attemptClaim(ctx context.Context, key Key, msg M, cp **Cla
 	default:
 		return claim.Outcome, fmt.Errorf("%w: %s", claim.Outcome.Err(), key)
 	}
-	if extra || !*savepoint {
+	if extra || !savepoint {
 		// The claim was taken over after the round's savepoint, or the
 		// round skipped it.
 		if _, err := tx.Exec(ctx, sqlSavepoint); err != nil {

@@ -190,6 +190,9 @@ type Inbox struct {
 	// leaseArg and retentionArg are cfg.Lease and cfg.Retention as statement
 	// arguments, converted once rather than on every claim.
 	leaseArg, retentionArg any
+	// direct holds the statements of the direct claim round, nil when the
+	// driver cannot send it (pgxdirect.go).
+	direct *directStmts
 }
 
 // New returns an Inbox over db; the zero Config is the defaults. New does not
@@ -204,7 +207,11 @@ func New(db DB, cfg Config) (*Inbox, error) {
 		return nil, err
 	}
 	table := qualify(c.Schema, c.Table)
-	return &Inbox{db: db, drv: drv, cfg: c, q: newQueries(table), table: table, leaseArg: c.Lease, retentionArg: c.Retention}, nil
+	i := &Inbox{db: db, drv: drv, cfg: c, q: newQueries(table), table: table, leaseArg: c.Lease, retentionArg: c.Retention}
+	if d, ok := drv.(pgxDriver); ok && d.direct != nil {
+		i.direct = newDirectStmts(&i.q)
+	}
+	return i, nil
 }
 
 // Config returns the inbox's configuration with defaults filled in.

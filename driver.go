@@ -64,7 +64,7 @@ func newDriver(db DB) (driver, error) {
 	case *SQLDB:
 		return d, nil
 	case pgxDB:
-		return pgxDriver{d}, nil
+		return pgxDriver{pgxDB: d, direct: newPgxDirect(d)}, nil
 	}
 	return nil, &ConfigError{Field: "db", Reason: fmt.Sprintf("%T is neither a pgx pool or connection nor a database/sql handle wrapped with dedupe.SQL", db)}
 }
@@ -77,8 +77,12 @@ type pgxDB interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// pgxDriver is the driver of a pgx pool or connection.
-type pgxDriver struct{ pgxDB }
+// pgxDriver is the driver of a pgx pool or connection. direct, when not
+// nil, sends a Consumer's claim round straight over pgconn (pgxdirect.go).
+type pgxDriver struct {
+	pgxDB
+	direct *pgxDirect
+}
 
 var pgxTxType = reflect.TypeFor[pgx.Tx]()
 

@@ -203,6 +203,10 @@ const (
 	pgUndefinedTable       = "42P01"
 	pgInFailedTx           = "25P02"
 	pgDivisionByZero       = "22012" // sqlStoreResultOrFail's assertion
+	// A prepared statement of the direct claim round that went away, or
+	// whose result type changed (pgxdirect.go): prepared anew.
+	pgInvalidSQLStatementName = "26000"
+	pgFeatureNotSupported     = "0A000"
 )
 
 // mayHaveApplied reports whether err, returned for a statement (or COMMIT),

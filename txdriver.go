@@ -19,6 +19,10 @@ type txDriver struct {
 	txOpts      pgx.TxOptions
 	lockTimeout string // for sqlLockTimeout; "" for none
 	maxAttempts int    // 0 = no limit
+	// direct and directBegin send the claim round straight over pgconn
+	// (pgxdirect.go); nil where the driver cannot.
+	direct      *pgxDirect
+	directBegin *directBegin
 }
 
 // Inbox returns the consumer's inbox.
@@ -33,6 +37,32 @@ func (d *txDriver) beginBatch() *pgx.Batch {
 		b.Queue(sqlLockTimeout, d.lockTimeout)
 	}
 	return b
+}
+
+// beginClaim begins the claim's transaction and claims r in it, with the
+// read of an existing key queued behind the claim and the savepoint taken
+// right after it: with pgx in one round trip, straight over pgconn where the
+// driver can (pgxdirect.go). savepoint reports whether the savepoint was
+// taken (a driver that sends statements one by one takes it only for a new
+// key).
+func (d *txDriver) beginClaim(ctx context.Context, r *claimReq) (tx txConn, round *claimRound, savepoint bool, err error) {
+	if d.direct != nil && !d.inbox.direct.off.Load() {
+		tx, round, err := d.direct.claimDirect(ctx, d.inbox, d.directBegin, d.lockTimeout, r)
+		if !errors.Is(err, errDirectTypes) {
+			return tx, round, true, translate(err)
+		}
+	}
+	b := d.beginBatch()
+	round = d.inbox.queueClaim(b, r, readPeek)
+	taken := queueSavepoint(d.inbox.drv, b, round)
+	if tx, err = d.begin(ctx, b); err != nil {
+		return nil, nil, false, err
+	}
+	if err := d.inbox.peekAfter(ctx, tx, r, round); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, nil, false, err
+	}
+	return tx, round, *taken, nil
 }
 
 // begin begins the claim's transaction and runs b in it.

@@ -39,8 +39,8 @@ type kit[TTx any] struct {
 var pgxKit = pgxKitWith("pgx", func(*pgx.ConnConfig) {})
 
 // pgxKitWith is pgx over pools whose connection configuration edit
-// changed: a tracer, or another statement mode (QueryExecModeExec, which
-// users behind PgBouncer choose), changes what pgx sends.
+// changed. On a default pool a Consumer sends its claim round straight over
+// pgconn; with a tracer, or in another statement mode, through pgx's batch.
 func pgxKitWith(name string, edit func(*pgx.ConnConfig)) kit[pgx.Tx] {
 	k := pgxBase
 	k.name = name
@@ -60,7 +60,8 @@ func pgxKitWith(name string, edit func(*pgx.ConnConfig)) kit[pgx.Tx] {
 	return k
 }
 
-// tracer is a pgx query tracer that records nothing.
+// tracer is a pgx query tracer that records nothing: its presence alone
+// sends the claim round through pgx's pipelined batch.
 type tracer struct{}
 
 func (tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
