@@ -114,15 +114,17 @@ type claimRound struct {
 	inserted bool
 	row      claimRow
 	rec      *Record // the existing row, nil if none (or the insert's own)
-	// peeked and peekedState hold what a peek read, in the round's own
-	// allocation; rec points at peeked when it found a row.
-	peeked      Record
-	peekedState string
-	// read holds what a full read scanned, in the round's own allocation.
-	read recordDest
 	// later holds the claim's arguments for the peek a driver that does not
 	// pipeline leaves to peekAfter.
 	later []any
+}
+
+// readRound is a claim round with a full read of the key (readAll,
+// readOthers): what it scanned is kept in the round's own allocation. The
+// consumer's rounds (readPeek) need no such room.
+type readRound struct {
+	claimRound
+	read recordDest
 }
 
 // claimRead is what queueClaim reads behind the insert.
@@ -149,7 +151,16 @@ const (
 // so that a key that exists is classified without another round trip. The
 // results land in the returned round when the batch is closed.
 func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq, read claimRead) *claimRound {
-	round := &claimRound{}
+	var (
+		round *claimRound
+		rr    *readRound
+	)
+	if read == readPeek {
+		round = &claimRound{}
+	} else {
+		rr = &readRound{}
+		round = &rr.claimRound
+	}
 	args := i.claimArgs(r)
 	b.Queue(i.q.claimInsert, args...).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(round.row.dest()...)
@@ -180,7 +191,7 @@ func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq, read claimRead) *claimRoun
 		if round.inserted && skipRow(row) {
 			return nil // sent one by one: a new key needs no read
 		}
-		d := &round.read
+		d := &rr.read
 		if err := row.Scan(d.dest()...); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil
@@ -194,16 +205,26 @@ func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq, read claimRead) *claimRoun
 	return round
 }
 
+// peekedRow is what a peek read: the existing row, and its state as
+// scanned, in one allocation, made only for a key that exists when the
+// round is decoded by the direct round (a new key, the common case, reads
+// no row).
+type peekedRow struct {
+	rec   Record
+	state string
+}
+
 // scanPeek scans what the peek of key read into the round: the existing
 // row, or none.
 func (round *claimRound) scanPeek(row pgx.Row, key Key) error {
-	rec := &round.peeked
+	p := &peekedRow{}
+	rec := &p.rec
 	rec.Key = key
-	err := row.Scan(&round.peekedState, &rec.Attempts, &rec.Token, &rec.LockedUntil, &rec.Key.Fingerprint, &rec.ReadAt)
+	err := row.Scan(&p.state, &rec.Attempts, &rec.Token, &rec.LockedUntil, &rec.Key.Fingerprint, &rec.ReadAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
 	}
-	rec.State = State(round.peekedState)
+	rec.State = State(p.state)
 	round.rec = rec
 	return err
 }

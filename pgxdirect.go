@@ -354,10 +354,7 @@ func (round *claimRound) decodePeek(v [][]byte, key Key) error {
 	if len(v) != 6 || v[0] == nil || v[1] == nil || v[2] == nil || v[5] == nil {
 		return errWireValue
 	}
-	rec := &round.peeked
-	rec.Key = key
-	round.peekedState = wireState(v[0])
-	rec.State = State(round.peekedState)
+	rec := &Record{Key: key, State: State(wireState(v[0]))}
 	var err error
 	if rec.Attempts, err = wireInt4(v[1]); err != nil {
 		return err
@@ -372,7 +369,6 @@ func (round *claimRound) decodePeek(v [][]byte, key Key) error {
 		}
 		rec.LockedUntil = &t
 	}
-	rec.Key.Fingerprint = nil
 	if v[4] != nil {
 		rec.Key.Fingerprint = slices.Clone(v[4])
 	}
