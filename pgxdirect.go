@@ -39,6 +39,11 @@ import (
 type pgxDirect struct {
 	pool *pgxpool.Pool
 	conn *pgx.Conn
+	// off is set once a connection's own configuration refused the round
+	// (a BeforeConnect hook that sets a tracer or another statement mode):
+	// the pool's connections are made alike, so its claims go through
+	// pgx's batch from then on.
+	off atomic.Bool
 }
 
 // newPgxDirect returns the direct round's sender for db, or nil where the
@@ -56,10 +61,80 @@ func newPgxDirect(db pgxDB) *pgxDirect {
 	default:
 		return nil
 	}
-	if cfg.Tracer != nil || cfg.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
+	if !directAllowed(cfg) {
 		return nil
 	}
 	return &d
+}
+
+// directAllowed reports whether a connection of cfg sends what pgx's batch
+// would send when it gets the direct round: pgx's default statement mode,
+// whose cache prepares named statements, and no tracer, which must see
+// every statement.
+func directAllowed(cfg *pgx.ConnConfig) bool {
+	return cfg.Tracer == nil && cfg.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement && cfg.StatementCacheCapacity > 0
+}
+
+// errNoDirect is a connection on which the direct round is not sent; the
+// claim goes through pgx's batch.
+var errNoDirect = errors.New("dedupe: the direct claim round is not for this connection")
+
+// directConn is what the direct round keeps with a connection, in its
+// pgconn's CustomData: whether the connection's own configuration allows
+// the round, and the inboxes whose statements are prepared on it, least
+// recently used first, at most max of them. pgx bounds its own statement
+// cache (StatementCacheCapacity) and deallocates what it evicts; so does
+// the round, so that an application with an inbox per tenant does not
+// grow every backend without bound.
+type directConn struct {
+	ok       bool
+	max      int
+	prepared []*directStmts
+}
+
+// directConnKey is the CustomData key of a connection's directConn.
+const directConnKey = "github.com/exactlyonce/dedupe.directConn"
+
+// maxDirectInboxes bounds the inboxes whose statements a connection keeps
+// prepared (two each, and one lock-timeout statement for all): at most 16,
+// and within the connection's statement cache capacity.
+func maxDirectInboxes(capacity int) int { return min(max((capacity-1)/2, 1), 16) }
+
+// stateOf returns conn's directConn, made on the connection's first round
+// from its own configuration, which a pool's BeforeConnect may have changed.
+func stateOf(conn *pgx.Conn) *directConn {
+	data := conn.PgConn().CustomData()
+	if st, ok := data[directConnKey].(*directConn); ok {
+		return st
+	}
+	cfg := conn.Config()
+	st := &directConn{ok: directAllowed(cfg), max: maxDirectInboxes(cfg.StatementCacheCapacity)}
+	data[directConnKey] = st
+	return st
+}
+
+// use makes s the most recently used inbox of the connection, first
+// deallocating the statements of the least recently used one when s is new
+// there and the connection holds max already.
+func (st *directConn) use(ctx context.Context, conn *pgx.Conn, s *directStmts) error {
+	for n, p := range st.prepared {
+		if p == s {
+			copy(st.prepared[n:], st.prepared[n+1:])
+			st.prepared[len(st.prepared)-1] = s
+			return nil
+		}
+	}
+	if len(st.prepared) >= st.max {
+		old := st.prepared[0]
+		for _, name := range []string{old.claim.name, old.peek.name} {
+			if err := conn.Deallocate(ctx, name); err != nil {
+				return err
+			}
+		}
+		st.prepared = append(st.prepared[:0], st.prepared[1:]...)
+	}
+	st.prepared = append(st.prepared, s)
+	return nil
 }
 
 // directStmt is a statement of the direct round, prepared on each
@@ -214,9 +289,14 @@ func (a *directArgs) encode(i *Inbox, r *claimReq, lockTimeout string) {
 
 // claimDirect begins a transaction on a connection of d and claims r in
 // it: BEGIN (begin.sql), the lock timeout when set, the claim, the peek
-// and the savepoint, in one round trip. It returns errDirectTypes, having
-// sent nothing, when the round must go through pgx instead.
+// and the savepoint, in one round trip. It returns errDirectTypes or
+// errNoDirect, having sent nothing, when the round must go through pgx
+// instead.
 func (d *pgxDirect) claimDirect(ctx context.Context, i *Inbox, begin *directBegin, lockTimeout string, r *claimReq) (txConn, *claimRound, error) {
+	// Encoded before a connection is acquired: it reads Config.Clock,
+	// which may panic (a test's), and must not leave a connection behind.
+	args := &directArgs{}
+	args.encode(i, r, lockTimeout)
 	conn, pc := d.conn, (*pgxpool.Conn)(nil)
 	if d.pool != nil {
 		var err error
@@ -230,10 +310,16 @@ func (d *pgxDirect) claimDirect(ctx context.Context, i *Inbox, begin *directBegi
 			pc.Release()
 		}
 	}
-	args := &directArgs{}
-	args.encode(i, r, lockTimeout)
+	st := stateOf(conn)
+	if !st.ok {
+		release()
+		if d.off.CompareAndSwap(false, true) {
+			i.cfg.Logger.DebugContext(ctx, "dedupe: the pool's connections are configured for pgx's batch (a tracer or another statement mode); claims go through it")
+		}
+		return nil, nil, errNoDirect
+	}
 	for try := 0; ; try++ {
-		round, err := d.send(ctx, conn, i.direct, begin, args, r)
+		round, err := d.send(ctx, conn, st, i.direct, begin, args, r)
 		if err == nil {
 			tx, err := adoptTx(ctx, conn, begin)
 			if err != nil {
@@ -250,9 +336,11 @@ func (d *pgxDirect) claimDirect(ctx context.Context, i *Inbox, begin *directBegi
 		if try == 0 && staleStatement(err) && !conn.IsClosed() {
 			// A statement prepared on this connection went away (DEALLOCATE
 			// ALL) or its result type changed (ALTER TABLE): prepare anew.
-			if err = i.direct.deallocate(ctx, conn); err == nil {
+			derr := i.direct.deallocate(ctx, conn)
+			if derr == nil {
 				continue
 			}
+			err = errors.Join(err, derr)
 		}
 		release()
 		if errors.Is(err, errDirectTypes) && i.direct.off.CompareAndSwap(false, true) {
@@ -264,7 +352,10 @@ func (d *pgxDirect) claimDirect(ctx context.Context, i *Inbox, begin *directBegi
 }
 
 // send sends one round on conn and reads its results.
-func (d *pgxDirect) send(ctx context.Context, conn *pgx.Conn, s *directStmts, begin *directBegin, args *directArgs, r *claimReq) (*claimRound, error) {
+func (d *pgxDirect) send(ctx context.Context, conn *pgx.Conn, st *directConn, s *directStmts, begin *directBegin, args *directArgs, r *claimReq) (*claimRound, error) {
+	if err := st.use(ctx, conn, s); err != nil {
+		return nil, err
+	}
 	claim, err := s.claim.prepare(ctx, conn)
 	if err != nil {
 		return nil, err
@@ -354,7 +445,7 @@ func (round *claimRound) decodePeek(v [][]byte, key Key) error {
 	if len(v) != 6 || v[0] == nil || v[1] == nil || v[2] == nil || v[5] == nil {
 		return errWireValue
 	}
-	rec := &Record{Key: key, State: State(wireState(v[0]))}
+	rec := &Record{Key: Key{Scope: key.Scope, ID: key.ID}, State: State(wireState(v[0]))}
 	var err error
 	if rec.Attempts, err = wireInt4(v[1]); err != nil {
 		return err

@@ -3,7 +3,11 @@ package dedupe_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -108,5 +112,347 @@ func TestDirectRoundPreparesAgain(t *testing.T) {
 		if got := b.effects(t, id); got != 1 {
 			t.Fatalf("effects of %s = %d, want 1", id, got)
 		}
+	}
+}
+
+// directPool is a default pool (direct round) on b's schema with maxConns
+// connections, edited by edit.
+func directPool(t *testing.T, b *bundle, maxConns int32, edit func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = maxConns
+	if edit != nil {
+		edit(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// pgxpool's Close waits for every acquired connection: a leaked
+		// one would hang the test binary (the test fails on it instead).
+		if t.Failed() && pool.Stat().AcquiredConns() > 0 {
+			return
+		}
+		if dbtest.SettledAcquired(pool) == 0 {
+			pool.Close()
+		}
+	})
+	return pool
+}
+
+// TestDirectRoundLockTimeoutKeepsConnection: a claim that fails with
+// 55P03 in the middle of the direct round rolls back and hands its
+// connection back clean: the one connection of the pool is reused, not
+// destroyed, and the redelivery claims once.
+func TestDirectRoundLockTimeoutKeepsConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	pool := directPool(t, b, 1, nil)
+	c, err := dedupe.NewConsumer(newInbox(t, pool, b), dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey,
+		LockTimeout: 50 * time.Millisecond}, insertEffect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.Handle(ctx, order{ID: "warm"}); err != nil || out != dedupe.OutcomeClaimed {
+		t.Fatalf("warm = %v, %v", out, err)
+	}
+	tx, err := b.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if cl, err := b.inbox.Claim(ctx, tx, dedupe.Key{Scope: "orders", ID: "held"}); err != nil || cl.Outcome != dedupe.OutcomeClaimed {
+		t.Fatalf("claim = %v, %v", cl, err)
+	}
+	for range 3 {
+		if out, err := c.Handle(ctx, order{ID: "held"}); out != dedupe.OutcomeInFlight || !errors.Is(err, dedupe.ErrInFlight) {
+			t.Fatalf("held = %v, %v; want in flight", out, err)
+		}
+	}
+	if n := dbtest.SettledAcquired(pool); n != 0 {
+		t.Fatalf("%d acquired", n)
+	}
+	if got := pool.Stat().NewConnsCount(); got != 1 {
+		t.Fatalf("connections opened = %d, want 1 (a lock timeout must not cost the connection)", got)
+	}
+	_ = tx.Rollback(ctx)
+	if out, err := c.Handle(ctx, order{ID: "held"}); err != nil || out != dedupe.OutcomeClaimed {
+		t.Fatalf("redelivery = %v, %v", out, err)
+	}
+	if got := b.effects(t, "held"); got != 1 {
+		t.Fatalf("effects = %d", got)
+	}
+}
+
+// TestDirectRoundCancelWhileWaiting: the context ends while the direct
+// round's claim waits on a concurrent claim of the key. Nothing commits,
+// no connection stays acquired, the redelivery runs once.
+func TestDirectRoundCancelWhileWaiting(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	pool := directPool(t, b, 2, nil)
+	c, err := dedupe.NewConsumer(newInbox(t, pool, b), dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey}, insertEffect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := b.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if cl, err := b.inbox.Claim(ctx, tx, dedupe.Key{Scope: "orders", ID: "o-c"}); err != nil || cl.Outcome != dedupe.OutcomeClaimed {
+		t.Fatalf("claim = %v, %v", cl, err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	out, err := c.Handle(cctx, order{ID: "o-c"})
+	cancel()
+	if err == nil || out == dedupe.OutcomeClaimed || errors.Is(err, dedupe.ErrOutcomeUnknown) {
+		t.Fatalf("cancelled = %v, %v; want a plain failure", out, err)
+	}
+	if n := dbtest.SettledAcquired(pool); n != 0 {
+		t.Fatalf("%d acquired", n)
+	}
+	_ = tx.Rollback(ctx)
+	if out, err := c.Handle(ctx, order{ID: "o-c"}); err != nil || out != dedupe.OutcomeClaimed {
+		t.Fatalf("redelivery = %v, %v", out, err)
+	}
+	if got := b.effects(t, "o-c"); got != 1 {
+		t.Fatalf("effects = %d", got)
+	}
+}
+
+// TestDirectRoundConcurrentStress: many goroutines on a small pool with a
+// lock timeout and serializable transactions; handlers fail now and then. Every key ends with exactly one effect and nothing leaks.
+func TestDirectRoundConcurrentStress(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool := directPool(t, b, 4, nil)
+	var failed sync.Map
+	c, err := dedupe.NewConsumer(newInbox(t, pool, b), dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey,
+		LockTimeout: 20 * time.Millisecond, IsoLevel: pgx.Serializable, TxRetries: 20},
+		func(ctx context.Context, tx pgx.Tx, o order) error {
+			if o.Total%7 == 0 {
+				if _, loaded := failed.LoadOrStore(o.ID, true); !loaded {
+					return errors.New("first attempt fails")
+				}
+			}
+			_, err := tx.Exec(ctx, "INSERT INTO effects (msg_key) VALUES ($1)", pgx.QueryExecModeSimpleProtocol, o.ID)
+			return err
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const keys, copies = 40, 3
+	var unexpected atomic.Int64
+	together(8, func(w int) {
+		ctx := context.Background()
+		for k := range keys {
+			o := order{ID: fmt.Sprintf("k-%d", k), Total: k}
+			for range copies {
+				for try := 0; ; try++ {
+					out, err := c.Handle(ctx, o)
+					if err == nil || out == dedupe.OutcomeInFlight || out == dedupe.OutcomeRetry || errors.Is(err, dedupe.ErrRetryable) {
+						if err == nil {
+							break
+						}
+						if try > 200 {
+							t.Errorf("key %s: still %v, %v", o.ID, out, err)
+							unexpected.Add(1)
+							break
+						}
+						continue
+					}
+					t.Errorf("key %s: %v, %v", o.ID, out, err)
+					unexpected.Add(1)
+					break
+				}
+			}
+		}
+	})
+	for k := range keys {
+		if got := b.effects(t, fmt.Sprintf("k-%d", k)); got != 1 {
+			t.Errorf("effects of k-%d = %d, want 1", k, got)
+		}
+	}
+	if n := dbtest.SettledAcquired(pool); n != 0 {
+		t.Fatalf("%d acquired", n)
+	}
+}
+
+// preparedOnConn counts the server-side prepared statements of the only
+// connection of pool whose name starts with prefix ("" for all).
+func preparedOnConn(t *testing.T, pool *pgxpool.Pool, prefix string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE $1",
+		pgx.QueryExecModeSimpleProtocol, prefix+"%").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestDirectRoundClaimStatementsHonourStatementCacheCapacity: pgx bounds the
+// statements it keeps prepared on a connection (StatementCacheCapacity,
+// evicting and deallocating the least recently used), and so does the
+// direct round with its own: an application with an inbox per tenant
+// schema must not grow every backend without bound. (Found by review: the
+// first version kept two statements per inbox table on every connection
+// for the connection's life.)
+func TestDirectRoundClaimStatementsHonourStatementCacheCapacity(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		tracer bool // a tracer sends the claim through pgx's batch: the control
+	}{{"pgx batch", true}, {"direct round", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			const capacity, tables = 4, 6
+			pool := directPool(t, b, 1, func(c *pgxpool.Config) {
+				c.ConnConfig.StatementCacheCapacity = capacity
+				if tc.tracer {
+					c.ConnConfig.Tracer = quietTracer{}
+				}
+			})
+			ctx := context.Background()
+			for n := range tables {
+				table := fmt.Sprintf("inbox_%d", n)
+				if err := dedupe.Migrate(ctx, b.db.Pool, dedupe.MigrateConfig{InboxTable: table, Lines: []dedupe.Line{dedupe.LineInbox}}); err != nil {
+					t.Fatal(err)
+				}
+				inbox, err := dedupe.New(pool, dedupe.Config{Table: table, Logger: dbtest.Logger(t)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				c, err := dedupe.NewConsumer(inbox, dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey,
+					LockTimeout: time.Second}, func(ctx context.Context, tx pgx.Tx, o order) error {
+					_, err := tx.Exec(ctx, "INSERT INTO effects (msg_key) VALUES ($1)", pgx.QueryExecModeSimpleProtocol, o.ID)
+					return err
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if out, err := c.Handle(ctx, order{ID: "o"}); err != nil || out != dedupe.OutcomeClaimed {
+					t.Fatalf("handle = %v, %v", out, err)
+				}
+			}
+			if got := preparedOnConn(t, pool, ""); got > capacity {
+				t.Fatalf("%d statements prepared on the connection (%d named dedupe_), want at most StatementCacheCapacity = %d",
+					got, preparedOnConn(t, pool, "dedupe_"), capacity)
+			}
+		})
+	}
+}
+
+// TestDirectRoundNoNamedStatementsWhenConnectionsAreInExecMode: a pool whose
+// connections are put in QueryExecModeExec (for PgBouncer before 1.21) by
+// BeforeConnect, the hook that edits each new connection's configuration,
+// must not get named prepared statements: the round reads each
+// connection's own configuration, not only the pool's. (Found by review.)
+func TestDirectRoundNoNamedStatementsWhenConnectionsAreInExecMode(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool := directPool(t, b, 1, func(c *pgxpool.Config) {
+		c.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+			cc.DefaultQueryExecMode = pgx.QueryExecModeExec
+			return nil
+		}
+	})
+	c, err := dedupe.NewConsumer(newInbox(t, pool, b), dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey}, insertEffect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.Handle(context.Background(), order{ID: "o"}); err != nil || out != dedupe.OutcomeClaimed {
+		t.Fatalf("handle = %v, %v", out, err)
+	}
+	if got := preparedOnConn(t, pool, ""); got != 0 {
+		t.Fatalf("%d named statements prepared on a connection in QueryExecModeExec (%d named dedupe_), want 0",
+			got, preparedOnConn(t, pool, "dedupe_"))
+	}
+}
+
+// quietTracer is a pgx query tracer that records nothing.
+type quietTracer struct{}
+
+func (quietTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (quietTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestDirectRoundNotMigrated: the direct round over a table that does not
+// exist fails at its prepare with ErrNotMigrated, as pgx's batch did, and
+// hands the connection back.
+func TestDirectRoundNotMigrated(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool := directPool(t, b, 1, nil)
+	inbox, err := dedupe.New(pool, dedupe.Config{Table: "missing_inbox", Logger: dbtest.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := dedupe.NewConsumer(inbox, dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey}, insertEffect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := c.Handle(context.Background(), order{ID: "o"}); !errors.Is(err, dedupe.ErrNotMigrated) {
+			t.Fatalf("handle = %v, want ErrNotMigrated", err)
+		}
+	}
+	if n := dbtest.SettledAcquired(pool); n != 0 {
+		t.Fatalf("%d acquired", n)
+	}
+	if got := pool.Stat().NewConnsCount(); got != 1 {
+		t.Fatalf("connections opened = %d, want 1", got)
+	}
+}
+
+// TestDirectRoundPanickingClockLeaksNoConnection: a Config.Clock (the test
+// seam for now()) that panics leaves no connection acquired: the round
+// reads it before it acquires one, as pgx's batch does. (Found by review:
+// the first version read it after.)
+func TestDirectRoundPanickingClockLeaksNoConnection(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		tracer bool // a tracer sends the claim through pgx's batch: the control
+	}{{"pgx batch", true}, {"direct round", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			pool := directPool(t, b, 2, func(c *pgxpool.Config) {
+				if tc.tracer {
+					c.ConnConfig.Tracer = quietTracer{}
+				}
+			})
+			var boom atomic.Bool
+			inbox, err := dedupe.New(pool, dedupe.Config{Logger: dbtest.Logger(t), Clock: func() time.Time {
+				if boom.Load() {
+					panic("clock")
+				}
+				return time.Now()
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := dedupe.NewConsumer(inbox, dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey}, insertEffect)
+			if err != nil {
+				t.Fatal(err)
+			}
+			boom.Store(true)
+			func() {
+				defer func() { _ = recover() }()
+				_, _ = c.Handle(context.Background(), order{ID: "o"})
+			}()
+			if n := dbtest.SettledAcquired(pool); n != 0 {
+				t.Fatalf("%d connections still acquired after a panic in the claim round", n)
+			}
+		})
 	}
 }

@@ -46,9 +46,9 @@ func (d *txDriver) beginBatch() *pgx.Batch {
 // taken (a driver that sends statements one by one takes it only for a new
 // key).
 func (d *txDriver) beginClaim(ctx context.Context, r *claimReq) (tx txConn, round *claimRound, savepoint bool, err error) {
-	if d.direct != nil && !d.inbox.direct.off.Load() {
+	if d.direct != nil && !d.direct.off.Load() && !d.inbox.direct.off.Load() {
 		tx, round, err := d.direct.claimDirect(ctx, d.inbox, d.directBegin, d.lockTimeout, r)
-		if !errors.Is(err, errDirectTypes) {
+		if !errors.Is(err, errDirectTypes) && !errors.Is(err, errNoDirect) {
 			return tx, round, true, translate(err)
 		}
 	}
