@@ -328,13 +328,15 @@ func (r *Relay) Cycle(ctx context.Context) (int, error) {
 }
 
 func (r *Relay) cycle(ctx context.Context) (res cycleResult, err error) {
-	tx, err := r.ob.drv.begin(ctx, pgx.TxOptions{}, nil)
+	b := r.ob.drv.newBatch(pgx.TxOptions{})
+	first := r.queueFirstWindow(b)
+	tx, err := r.ob.drv.begin(ctx, pgx.TxOptions{}, b)
 	if err != nil {
 		return res, translate(err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
-	batch, more, err := r.claim(ctx, tx)
+	batch, more, err := r.claim(ctx, tx, first)
 	res.more = more
 	if err != nil || len(batch) == 0 {
 		return res, err

@@ -5,6 +5,8 @@ import (
 	"context"
 	"slices"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // maxClaimStatements bounds the claim statements of one cycle that find
@@ -20,15 +22,19 @@ const maxClaimStatements = 8
 // window that held some work stays where it is, for its keys' later rows,
 // until the walk reaches the last pending row. more reports that the walk stopped with pending rows past it, so that Run
 // looks again at once.
-func (r *Relay) claim(ctx context.Context, tx Querier) (batch []*OutboxMessage, more bool, err error) {
-	now := r.ob.dbNow()
-	cursor := r.cursor.Load()
+//
+// The walk's first statement was sent with BEGIN (queueFirstWindow); what
+// it found is first.
+func (r *Relay) claim(ctx context.Context, tx Querier, first *firstWindow) (batch []*OutboxMessage, more bool, err error) {
+	now, cursor := first.now, first.cursor
 	wrapped := cursor == 0 // a walk from the oldest needs no wrap
 	defer func() { r.cursor.Store(cursor) }()
-	for range maxClaimStatements {
-		w, err := r.claimWindow(ctx, tx, now, cursor)
-		if err != nil {
-			return nil, false, err
+	for n := range maxClaimStatements {
+		w := first.found
+		if n > 0 {
+			if w, err = r.claimWindow(ctx, tx, now, cursor); err != nil {
+				return nil, false, err
+			}
 		}
 		switch {
 		case w.lo == nil: // nothing pending after the cursor
@@ -72,12 +78,38 @@ type claimed struct {
 	batch  []*OutboxMessage // in id order
 }
 
+// firstWindow is the walk's first claim statement, queued behind BEGIN so
+// that a cycle's transaction and its claim cost one round trip: the
+// database time and cursor it ran with, and what it found once the batch
+// was sent.
+type firstWindow struct {
+	now    *time.Time
+	cursor int64
+	found  claimed
+}
+
+// queueFirstWindow queues in b the claim statement of the walk's first
+// window, from the relay's cursor.
+func (r *Relay) queueFirstWindow(b *pgx.Batch) *firstWindow {
+	f := &firstWindow{now: r.ob.dbNow(), cursor: r.cursor.Load()}
+	b.Queue(r.ob.q.claim, f.now, f.cursor, r.cfg.ScanWindow, r.cfg.BatchSize).Query(func(rows pgx.Rows) (err error) {
+		f.found, err = scanWindow(rows)
+		return err
+	})
+	return f
+}
+
 // claimWindow runs sqlOutboxClaim once.
-func (r *Relay) claimWindow(ctx context.Context, tx Querier, now *time.Time, cursor int64) (c claimed, err error) {
+func (r *Relay) claimWindow(ctx context.Context, tx Querier, now *time.Time, cursor int64) (claimed, error) {
 	rows, err := tx.Query(ctx, r.ob.q.claim, now, cursor, r.cfg.ScanWindow, r.cfg.BatchSize)
 	if err != nil {
-		return c, translate(err)
+		return claimed{}, translate(err)
 	}
+	return scanWindow(rows)
+}
+
+// scanWindow reads what one claim statement found, and closes rows.
+func scanWindow(rows pgx.Rows) (c claimed, err error) {
 	defer rows.Close()
 	var (
 		row  outboxRow
