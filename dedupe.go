@@ -208,8 +208,13 @@ func New(db DB, cfg Config) (*Inbox, error) {
 	}
 	table := qualify(c.Schema, c.Table)
 	i := &Inbox{db: db, drv: drv, cfg: c, q: newQueries(table), table: table, leaseArg: c.Lease, retentionArg: c.Retention}
-	if d, ok := drv.(pgxDriver); ok && d.direct != nil {
-		i.direct = newDirectStmts(&i.q)
+	switch d := drv.(type) {
+	case pgxDriver:
+		if d.direct != nil {
+			i.direct = newDirectStmts(&i.q)
+		}
+	case *SQLDB:
+		i.direct = newDirectStmts(&i.q) // used over pgx's stdlib only
 	}
 	return i, nil
 }

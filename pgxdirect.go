@@ -72,7 +72,8 @@ func newPgxDirect(db pgxDB) *pgxDirect {
 // whose cache prepares named statements, and no tracer, which must see
 // every statement.
 func directAllowed(cfg *pgx.ConnConfig) bool {
-	return cfg.Tracer == nil && cfg.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement && cfg.StatementCacheCapacity > 0
+	return cfg.Tracer == nil && cfg.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement &&
+		maxDirectInboxes(cfg.StatementCacheCapacity) > 0
 }
 
 // errNoDirect is a connection on which the direct round is not sent; the
@@ -90,15 +91,26 @@ type directConn struct {
 	ok       bool
 	max      int
 	prepared []*directStmts
+	// stale is set when a round over database/sql found a statement gone
+	// or changed, inside a transaction it cannot retry in: the next round
+	// on the connection prepares every statement anew.
+	stale bool
 }
 
 // directConnKey is the CustomData key of a connection's directConn.
 const directConnKey = "github.com/exactlyonce/dedupe.directConn"
 
 // maxDirectInboxes bounds the inboxes whose statements a connection keeps
-// prepared (two each, and one lock-timeout statement for all): at most 16,
-// and within the connection's statement cache capacity.
-func maxDirectInboxes(capacity int) int { return min(max((capacity-1)/2, 1), 16) }
+// prepared, so that the round's statements fit in the connection's
+// statement cache capacity: BEGIN, the lock timeout and the savepoint
+// (directShared) and two per inbox, at most 16 inboxes. 0 (a capacity too
+// small for one inbox) leaves the claims to pgx's batch.
+func maxDirectInboxes(capacity int) int { return min(max((capacity-directShared)/2, 0), 16) }
+
+// directShared counts the statements of the round that all inboxes share
+// on a connection: BEGIN (one per isolation level in use), the lock timeout
+// and the savepoint.
+const directShared = 3
 
 // stateOf returns conn's directConn, made on the connection's first round
 // from its own configuration, which a pool's BeforeConnect may have changed.
@@ -117,6 +129,14 @@ func stateOf(conn *pgx.Conn) *directConn {
 // deallocating the statements of the least recently used one when s is new
 // there and the connection holds max already.
 func (st *directConn) use(ctx context.Context, conn *pgx.Conn, s *directStmts) error {
+	if st.stale {
+		for _, p := range st.prepared {
+			if err := p.deallocate(ctx, conn); err != nil {
+				return err
+			}
+		}
+		st.prepared, st.stale = st.prepared[:0], false
+	}
 	for n, p := range st.prepared {
 		if p == s {
 			copy(st.prepared[n:], st.prepared[n+1:])
@@ -147,18 +167,21 @@ type directStmt struct {
 
 // directStmts are an inbox's statements of the direct round.
 type directStmts struct {
-	claim, peek, lockTimeout directStmt
+	claim, peek, lockTimeout, savepoint directStmt
 	// off is set once a connection prepared them with other types than the
 	// round's (the inbox table was altered): from then on the inbox's
 	// claims go through pgx's batch.
 	off atomic.Bool
 }
 
+// newDirectStmt names the statement sql after its hash.
+func newDirectStmt(sql string, params, fields []uint32) directStmt {
+	sum := sha256.Sum256([]byte(sql))
+	return directStmt{name: "dedupe_" + hex.EncodeToString(sum[:8]), sql: sql, params: params, fields: fields}
+}
+
 func newDirectStmts(q *queries) *directStmts {
-	stmt := func(sql string, params, fields []uint32) directStmt {
-		sum := sha256.Sum256([]byte(sql))
-		return directStmt{name: "dedupe_" + hex.EncodeToString(sum[:16]), sql: sql, params: params, fields: fields}
-	}
+	stmt := newDirectStmt
 	return &directStmts{
 		claim: stmt(q.claimInsert,
 			[]uint32{oidTimestamptz, oidText, oidText, oidText, oidBytea, oidInt8, oidInterval, oidInterval},
@@ -167,6 +190,7 @@ func newDirectStmts(q *queries) *directStmts {
 			[]uint32{oidTimestamptz, oidText, oidText, oidInt8},
 			[]uint32{oidText, oidInt4, oidInt8, oidTimestamptz, oidBytea, oidTimestamptz}),
 		lockTimeout: stmt(sqlLockTimeout, []uint32{oidText}, []uint32{oidText}),
+		savepoint:   stmt(sqlSavepoint, nil, nil),
 	}
 }
 
@@ -198,7 +222,7 @@ var errDirectTypes = errors.New("dedupe: statement types differ from the direct 
 // adopt the transaction begun by it. The batch is only read, never
 // changed, so all of a consumer's rounds share it.
 type directBegin struct {
-	sql   string
+	stmt  directStmt
 	adopt *pgx.Batch
 }
 
@@ -207,7 +231,17 @@ func newDirectBegin(opts pgx.TxOptions) *directBegin {
 	b.BeginTx(opts)
 	sql := b.QueuedQueries[0].SQL
 	b.QueuedQueries = nil
-	return &directBegin{sql: sql, adopt: b}
+	return &directBegin{stmt: newDirectStmt(sql, nil, nil), adopt: b}
+}
+
+// directOff sends the inbox's claims through pgx's batch from now on: a
+// connection prepared the direct round's statements with other types than
+// the round's (the inbox table was altered).
+func (i *Inbox) directOff(ctx context.Context) {
+	if i.direct.off.CompareAndSwap(false, true) {
+		i.cfg.Logger.WarnContext(ctx, "dedupe: the inbox table's column types are not the migration's; claims go through pgx's batch from now on",
+			"table", i.table)
+	}
 }
 
 // pooledTx is a transaction on a connection acquired from a pool, which it
@@ -319,7 +353,7 @@ func (d *pgxDirect) claimDirect(ctx context.Context, i *Inbox, begin *directBegi
 		return nil, nil, errNoDirect
 	}
 	for try := 0; ; try++ {
-		round, err := d.send(ctx, conn, st, i.direct, begin, args, r)
+		round, err := sendDirect(ctx, conn, st, i.direct, &begin.stmt, args, r, true)
 		if err == nil {
 			tx, err := adoptTx(ctx, conn, begin)
 			if err != nil {
@@ -336,23 +370,26 @@ func (d *pgxDirect) claimDirect(ctx context.Context, i *Inbox, begin *directBegi
 		if try == 0 && staleStatement(err) && !conn.IsClosed() {
 			// A statement prepared on this connection went away (DEALLOCATE
 			// ALL) or its result type changed (ALTER TABLE): prepare anew.
-			derr := i.direct.deallocate(ctx, conn)
+			derr := i.direct.deallocate(ctx, conn, &begin.stmt)
 			if derr == nil {
 				continue
 			}
 			err = errors.Join(err, derr)
 		}
 		release()
-		if errors.Is(err, errDirectTypes) && i.direct.off.CompareAndSwap(false, true) {
-			i.cfg.Logger.WarnContext(ctx, "dedupe: the inbox table's column types are not the migration's; claims go through pgx's batch from now on",
-				"table", i.table)
+		if errors.Is(err, errDirectTypes) {
+			i.directOff(ctx)
 		}
 		return nil, nil, err
 	}
 }
 
-// send sends one round on conn and reads its results.
-func (d *pgxDirect) send(ctx context.Context, conn *pgx.Conn, st *directConn, s *directStmts, begin *directBegin, args *directArgs, r *claimReq) (*claimRound, error) {
+// sendDirect sends one round on conn and reads its results: BEGIN (unless
+// begin is nil: the transaction is open already), the lock timeout when args
+// has one, the claim, the peek when peek is set, and the savepoint. Every
+// statement is prepared on the connection, so that the server parses none
+// of them again.
+func sendDirect(ctx context.Context, conn *pgx.Conn, st *directConn, s *directStmts, begin *directStmt, args *directArgs, r *claimReq, peek bool) (*claimRound, error) {
 	if err := st.use(ctx, conn, s); err != nil {
 		return nil, err
 	}
@@ -360,13 +397,26 @@ func (d *pgxDirect) send(ctx context.Context, conn *pgx.Conn, st *directConn, s 
 	if err != nil {
 		return nil, err
 	}
-	peek, err := s.peek.prepare(ctx, conn)
+	var peekSD *pgconn.StatementDescription
+	if peek {
+		if peekSD, err = s.peek.prepare(ctx, conn); err != nil {
+			return nil, err
+		}
+	}
+	sp, err := s.savepoint.prepare(ctx, conn)
 	if err != nil {
 		return nil, err
 	}
 	var b pgconn.Batch
-	b.ExecParams(begin.sql, nil, nil, nil, nil)
-	first := 1 // the result of the claim
+	first := 0 // the result of the claim
+	if begin != nil {
+		bg, err := begin.prepare(ctx, conn)
+		if err != nil {
+			return nil, err
+		}
+		b.ExecStatement(bg, nil, nil, nil)
+		first++
+	}
 	if args.lockTO[0] != nil {
 		lt, err := s.lockTimeout.prepare(ctx, conn)
 		if err != nil {
@@ -376,8 +426,10 @@ func (d *pgxDirect) send(ctx context.Context, conn *pgx.Conn, st *directConn, s 
 		first++
 	}
 	b.ExecStatement(claim, args.claim[:], binaryFormat, binaryFormat)
-	b.ExecStatement(peek, args.peek[:], binaryFormat, binaryFormat)
-	b.ExecParams(sqlSavepoint, nil, nil, nil, nil)
+	if peek {
+		b.ExecStatement(peekSD, args.peek[:], binaryFormat, binaryFormat)
+	}
+	b.ExecStatement(sp, nil, nil, nil)
 
 	round := &claimRound{}
 	mrr := conn.PgConn().ExecBatch(ctx, &b)
@@ -500,10 +552,10 @@ func staleStatement(err error) bool {
 	return ok && (code == pgInvalidSQLStatementName || code == pgFeatureNotSupported)
 }
 
-// deallocate forgets s's statements on conn, so that they are prepared
-// anew.
-func (s *directStmts) deallocate(ctx context.Context, conn *pgx.Conn) error {
-	for _, st := range []*directStmt{&s.claim, &s.peek, &s.lockTimeout} {
+// deallocate forgets s's statements, and the others given, on conn, so
+// that they are prepared anew.
+func (s *directStmts) deallocate(ctx context.Context, conn *pgx.Conn, others ...*directStmt) error {
+	for _, st := range append([]*directStmt{&s.claim, &s.peek, &s.lockTimeout, &s.savepoint}, others...) {
 		if err := conn.Deallocate(ctx, st.name); err != nil {
 			return err
 		}

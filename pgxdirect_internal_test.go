@@ -11,14 +11,6 @@ import (
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 )
 
-// noopTracer is a pgx query tracer that records nothing.
-type noopTracer struct{}
-
-func (noopTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	return ctx
-}
-func (noopTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
 // TestDirectRoundOnlyWherePgxWouldSendTheSame: the direct claim round is
 // used on a pool or connection in pgx's default statement mode without a
 // tracer, and nowhere else: a tracer must see every statement, and another
@@ -54,7 +46,7 @@ func TestDirectRoundOnlyWherePgxWouldSendTheSame(t *testing.T) {
 	}{
 		{"default pool", func(t *testing.T) pgxDB { return pool(t, func(*pgx.ConnConfig) {}) }, true},
 		{"connection", func(t *testing.T) pgxDB { return conn }, true},
-		{"tracer", func(t *testing.T) pgxDB { return pool(t, func(c *pgx.ConnConfig) { c.Tracer = noopTracer{} }) }, false},
+		{"tracer", func(t *testing.T) pgxDB { return pool(t, func(c *pgx.ConnConfig) { c.Tracer = dbtest.NopTracer{} }) }, false},
 		{"describe mode", func(t *testing.T) pgxDB {
 			return pool(t, func(c *pgx.ConnConfig) { c.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe })
 		}, false},

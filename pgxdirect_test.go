@@ -2,6 +2,7 @@ package dedupe_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -10,7 +11,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
@@ -161,14 +164,7 @@ func TestDirectRoundLockTimeoutKeepsConnection(t *testing.T) {
 	if out, err := c.Handle(ctx, order{ID: "warm"}); err != nil || out != dedupe.OutcomeClaimed {
 		t.Fatalf("warm = %v, %v", out, err)
 	}
-	tx, err := b.db.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck
-	if cl, err := b.inbox.Claim(ctx, tx, dedupe.Key{Scope: "orders", ID: "held"}); err != nil || cl.Outcome != dedupe.OutcomeClaimed {
-		t.Fatalf("claim = %v, %v", cl, err)
-	}
+	tx := holdKey(t, b, "held")
 	for range 3 {
 		if out, err := c.Handle(ctx, order{ID: "held"}); out != dedupe.OutcomeInFlight || !errors.Is(err, dedupe.ErrInFlight) {
 			t.Fatalf("held = %v, %v; want in flight", out, err)
@@ -181,11 +177,34 @@ func TestDirectRoundLockTimeoutKeepsConnection(t *testing.T) {
 		t.Fatalf("connections opened = %d, want 1 (a lock timeout must not cost the connection)", got)
 	}
 	_ = tx.Rollback(ctx)
-	if out, err := c.Handle(ctx, order{ID: "held"}); err != nil || out != dedupe.OutcomeClaimed {
-		t.Fatalf("redelivery = %v, %v", out, err)
+	redeliverOnce(t, b, c, "held")
+}
+
+// holdKey claims key id of scope orders in a transaction of its own, held
+// until the caller rolls it back (or the test ends).
+func holdKey(t *testing.T, b *bundle, id string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := b.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := b.effects(t, "held"); got != 1 {
-		t.Fatalf("effects = %d", got)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if cl, err := b.inbox.Claim(ctx, tx, dedupe.Key{Scope: "orders", ID: id}); err != nil || cl.Outcome != dedupe.OutcomeClaimed {
+		t.Fatalf("claim = %v, %v", cl, err)
+	}
+	return tx
+}
+
+// redeliverOnce handles order id, which must be claimed now, and checks
+// that it has exactly one effect.
+func redeliverOnce(t *testing.T, b *bundle, c *dedupe.Consumer[order], id string) {
+	t.Helper()
+	if out, err := c.Handle(context.Background(), order{ID: id}); err != nil || out != dedupe.OutcomeClaimed {
+		t.Fatalf("redelivery of %s = %v, %v", id, out, err)
+	}
+	if got := b.effects(t, id); got != 1 {
+		t.Fatalf("effects of %s = %d, want 1", id, got)
 	}
 }
 
@@ -201,14 +220,7 @@ func TestDirectRoundCancelWhileWaiting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, err := b.db.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck
-	if cl, err := b.inbox.Claim(ctx, tx, dedupe.Key{Scope: "orders", ID: "o-c"}); err != nil || cl.Outcome != dedupe.OutcomeClaimed {
-		t.Fatalf("claim = %v, %v", cl, err)
-	}
+	tx := holdKey(t, b, "o-c")
 	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	out, err := c.Handle(cctx, order{ID: "o-c"})
 	cancel()
@@ -219,12 +231,7 @@ func TestDirectRoundCancelWhileWaiting(t *testing.T) {
 		t.Fatalf("%d acquired", n)
 	}
 	_ = tx.Rollback(ctx)
-	if out, err := c.Handle(ctx, order{ID: "o-c"}); err != nil || out != dedupe.OutcomeClaimed {
-		t.Fatalf("redelivery = %v, %v", out, err)
-	}
-	if got := b.effects(t, "o-c"); got != 1 {
-		t.Fatalf("effects = %d", got)
-	}
+	redeliverOnce(t, b, c, "o-c")
 }
 
 // TestDirectRoundConcurrentStress: many goroutines on a small pool with a
@@ -307,17 +314,19 @@ func preparedOnConn(t *testing.T, pool *pgxpool.Pool, prefix string) int {
 func TestDirectRoundClaimStatementsHonourStatementCacheCapacity(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name   string
-		tracer bool // a tracer sends the claim through pgx's batch: the control
-	}{{"pgx batch", true}, {"direct round", false}} {
+		name     string
+		tracer   bool // a tracer sends the claim through pgx's batch: the control
+		capacity int  // 4 holds no inbox's statements beside the shared three: pgx's batch; 9 holds three inboxes'
+	}{{"pgx batch", true, 9}, {"direct round, small cache", false, 4}, {"direct round", false, 9}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			const capacity, tables = 4, 6
+			const tables = 6
+			capacity := tc.capacity
 			pool := directPool(t, b, 1, func(c *pgxpool.Config) {
 				c.ConnConfig.StatementCacheCapacity = capacity
 				if tc.tracer {
-					c.ConnConfig.Tracer = quietTracer{}
+					c.ConnConfig.Tracer = dbtest.NopTracer{}
 				}
 			})
 			ctx := context.Background()
@@ -377,14 +386,6 @@ func TestDirectRoundNoNamedStatementsWhenConnectionsAreInExecMode(t *testing.T) 
 	}
 }
 
-// quietTracer is a pgx query tracer that records nothing.
-type quietTracer struct{}
-
-func (quietTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	return ctx
-}
-func (quietTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
 // TestDirectRoundNotMigrated: the direct round over a table that does not
 // exist fails at its prepare with ErrNotMigrated, as pgx's batch did, and
 // hands the connection back.
@@ -428,7 +429,7 @@ func TestDirectRoundPanickingClockLeaksNoConnection(t *testing.T) {
 			b := setup(t)
 			pool := directPool(t, b, 2, func(c *pgxpool.Config) {
 				if tc.tracer {
-					c.ConnConfig.Tracer = quietTracer{}
+					c.ConnConfig.Tracer = dbtest.NopTracer{}
 				}
 			})
 			var boom atomic.Bool
@@ -455,4 +456,93 @@ func TestDirectRoundPanickingClockLeaksNoConnection(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDirectRoundOverDatabaseSQLPreparesAgain: over database/sql (pgx's
+// stdlib) the claim and the savepoint follow BEGIN as the direct round's
+// prepared statements. When they go away on the server (DEALLOCATE ALL) the
+// transaction that met it is aborted: Handle claims again in a new one, and
+// the connection prepares them anew; when the inbox's column types change,
+// claims go through pgx's batch. No message fails or runs twice.
+func TestDirectRoundOverDatabaseSQLPreparesAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	db, err := sql.Open("pgx", b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	db.SetMaxOpenConns(1) // one connection: every statement below meets the prepared ones
+	inbox, err := dedupe.New(dedupe.SQL(db), b.inbox.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// The handler's statement has no arguments, so it goes as a simple
+	// query, independent of pgx's statement cache, which DEALLOCATE ALL
+	// empties too. The test's ids need no quoting.
+	c, err := dedupe.NewConsumer(inbox, dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey},
+		func(ctx context.Context, tx *sql.Tx, o order) error {
+			_, err := tx.ExecContext(ctx, "INSERT INTO effects (msg_key) VALUES ('"+o.ID+"')")
+			return err
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handle := func(id string, want dedupe.Outcome) {
+		t.Helper()
+		if out, err := c.Handle(ctx, order{ID: id}); err != nil || out != want {
+			t.Fatalf("handle %s = %v, %v; want %v", id, out, err, want)
+		}
+	}
+	handle("o-1", dedupe.OutcomeClaimed)
+	if got := preparedOnSQLConn(t, db); got != 2 {
+		t.Fatalf("%d dedupe_ statements prepared on the connection, want the claim's and the savepoint's (the read of a taken key goes through database/sql)", got)
+	}
+	if _, err := db.ExecContext(ctx, "DEALLOCATE ALL"); err != nil {
+		t.Fatal(err)
+	}
+	handle("o-2", dedupe.OutcomeClaimed)
+	handle("o-1", dedupe.OutcomeDuplicate)
+	// After the ALTER, pgx's stdlib meets its own cached statements with the
+	// old result type once (0A000, which pgx then drops): that message fails
+	// and is redelivered, as a broker would.
+	b.db.Exec(t, "ALTER TABLE dedupe_inbox ALTER COLUMN attempts TYPE bigint")
+	redelivered := func(id string, want dedupe.Outcome) {
+		t.Helper()
+		out, err := c.Handle(ctx, order{ID: id})
+		if code, ok := sqlState(err); ok && code == "0A000" {
+			out, err = c.Handle(ctx, order{ID: id})
+		}
+		if err != nil || out != want {
+			t.Fatalf("handle %s = %v, %v; want %v", id, out, err, want)
+		}
+	}
+	redelivered("o-3", dedupe.OutcomeClaimed)
+	redelivered("o-2", dedupe.OutcomeDuplicate)
+	redelivered("o-3", dedupe.OutcomeDuplicate)
+	for _, id := range []string{"o-1", "o-2", "o-3"} {
+		if got := b.effects(t, id); got != 1 {
+			t.Fatalf("effects of %s = %d, want 1", id, got)
+		}
+	}
+}
+
+// sqlState is the SQLSTATE of a *pgconn.PgError in err's chain.
+func sqlState(err error) (string, bool) {
+	if pe, ok := errors.AsType[*pgconn.PgError](err); ok {
+		return pe.Code, true
+	}
+	return "", false
+}
+
+// preparedOnSQLConn counts the direct round's statements prepared on the
+// only connection of db.
+func preparedOnSQLConn(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'dedupe_%'").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -51,6 +51,10 @@ type SQLDB struct {
 	// stdlib's: statements behind BEGIN then go one by one, on any
 	// connection.
 	notPgx atomic.Bool
+	// noDirect is set once a pgx stdlib connection of db refused the
+	// direct claim round (its configuration wants pgx's batch): claims go
+	// through begin from then on (sqldirect.go).
+	noDirect atomic.Bool
 }
 
 // DB returns the wrapped handle, for packages built on the inbox that run
@@ -145,11 +149,17 @@ var errNotPgx = errors.New("dedupe: not a pgx stdlib connection")
 // under t's connection, as the pgx driver does behind BEGIN; the handler's
 // *sql.Tx then goes on on that connection. errNotPgx, remembered in d, when
 // the driver is not pgx's stdlib.
+func (d *SQLDB) sendPipelined(ctx context.Context, t *sqlTx, b *pgx.Batch) error {
+	return d.rawPgx(t, func(conn *pgx.Conn) error { return conn.SendBatch(ctx, b).Close() })
+}
+
+// rawPgx runs f with the *pgx.Conn under t's connection: errNotPgx,
+// remembered in d, when the driver is not pgx's stdlib.
 //
 // (*sql.Conn).Raw closes its connection when its function panics or returns
 // driver.ErrBadConn, which waits for t to end: a hang. So the function does
 // neither; a panic is carried out of Raw and raised again after it.
-func (d *SQLDB) sendPipelined(ctx context.Context, t *sqlTx, b *pgx.Batch) error {
+func (d *SQLDB) rawPgx(t *sqlTx, f func(conn *pgx.Conn) error) error {
 	var panicked any
 	err := t.conn.Raw(func(dc any) (err error) {
 		pc, ok := dc.(pgxConner)
@@ -165,7 +175,7 @@ func (d *SQLDB) sendPipelined(ctx context.Context, t *sqlTx, b *pgx.Batch) error
 				err = fmt.Errorf("dedupe: %v", err) // not %w: see above
 			}
 		}()
-		return pc.Conn().SendBatch(ctx, b).Close()
+		return f(pc.Conn())
 	})
 	if panicked != nil {
 		panic(panicked)

@@ -52,6 +52,14 @@ func (d *txDriver) beginClaim(ctx context.Context, r *claimReq) (tx txConn, roun
 			return tx, round, true, translate(err)
 		}
 	}
+	if sd, ok := d.inbox.drv.(*SQLDB); ok && !sd.notPgx.Load() && !sd.noDirect.Load() && !d.inbox.direct.off.Load() {
+		tx, round, err := sd.claimDirect(ctx, d.inbox, d.txOpts, d.lockTimeout, r)
+		if errors.Is(err, errNoDirect) {
+			sd.noDirect.Store(true)
+		} else if !errors.Is(err, errDirectTypes) {
+			return tx, round, true, translate(err)
+		}
+	}
 	b := d.beginBatch()
 	round = d.inbox.queueClaim(b, r, readPeek)
 	taken := queueSavepoint(d.inbox.drv, b, round)

@@ -118,7 +118,7 @@ func TestContract(t *testing.T) {
 	t.Run("pgx", func(t *testing.T) { t.Parallel(); contract(t, pgxKit) })
 	t.Run("pgx-traced", func(t *testing.T) {
 		t.Parallel()
-		contract(t, pgxKitWith("pgx-traced", func(c *pgx.ConnConfig) { c.Tracer = tracer{} }))
+		contract(t, pgxKitWith("pgx-traced", func(c *pgx.ConnConfig) { c.Tracer = dbtest.NopTracer{} }))
 	})
 	t.Run("pgx-exec-mode", func(t *testing.T) {
 		t.Parallel()
