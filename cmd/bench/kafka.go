@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -153,8 +152,8 @@ func (b *bench) kafkaHandCommitting(ctx context.Context, partitions int, backlog
 }
 
 // kafkaRunner drains the same backlog with dedupekafka.Runner in
-// per-message mode. Latency: the transaction, from the pipelined BEGIN to a
-// successful COMMIT, timed by the inbox's database handle.
+// per-message mode. Latency: the handling, from the claim's BEGIN to a
+// successful COMMIT, timed by the inbox's Observer (window.observed).
 func (b *bench) kafkaRunner(ctx context.Context, partitions int, backlog int64) (*sample, error) {
 	if err := b.reset(ctx, b.run); err != nil {
 		return nil, err
@@ -165,8 +164,7 @@ func (b *bench) kafkaRunner(ctx context.Context, partitions int, backlog int64) 
 	}
 	defer stopCluster()
 	win := newWindow(backlog)
-	ic := b.inbox.Config()
-	inbox, err := dedupe.New(timedDB{Pool: b.pool, committed: func(d time.Duration) { win.lat.add(d); win.add(1) }}, ic)
+	inbox, err := dedupe.New(b.pool, win.observed(b.inbox.Config()))
 	if err != nil {
 		return nil, err
 	}
@@ -190,59 +188,4 @@ func (b *bench) kafkaRunner(ctx context.Context, partitions int, backlog int64) 
 		return nil, err
 	}
 	return s, b.checkEffects(ctx)
-}
-
-// timedDB is the benchmark's pool, reporting every transaction that
-// commits, with its time from BEGIN to COMMIT.
-type timedDB struct {
-	*pgxpool.Pool
-	committed func(time.Duration)
-}
-
-func (d timedDB) Begin(ctx context.Context) (pgx.Tx, error) {
-	return d.BeginTx(ctx, pgx.TxOptions{})
-}
-
-func (d timedDB) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
-	t0 := time.Now()
-	tx, err := d.Pool.BeginTx(ctx, opts)
-	if err != nil {
-		return nil, err
-	}
-	return &timedTx{Tx: tx, t0: t0, committed: d.committed}, nil
-}
-
-// SendBatch times a transaction begun inside a batch (the consumer's
-// pipelined BEGIN and claim).
-func (d timedDB) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	t0 := time.Now()
-	return &timedBatch{BatchResults: d.Pool.SendBatch(ctx, b), t0: t0, committed: d.committed}
-}
-
-type timedBatch struct {
-	pgx.BatchResults
-	t0        time.Time
-	committed func(time.Duration)
-}
-
-func (b *timedBatch) Tx() pgx.Tx {
-	tx := b.BatchResults.Tx()
-	if tx == nil {
-		return nil
-	}
-	return &timedTx{Tx: tx, t0: b.t0, committed: b.committed}
-}
-
-type timedTx struct {
-	pgx.Tx
-	t0        time.Time
-	committed func(time.Duration)
-}
-
-func (t *timedTx) Commit(ctx context.Context) error {
-	err := t.Tx.Commit(ctx)
-	if err == nil {
-		t.committed(time.Since(t.t0))
-	}
-	return err
 }

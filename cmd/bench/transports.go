@@ -123,9 +123,8 @@ func (b *bench) natsHand(ctx context.Context, w int, backlog int64) (*sample, er
 }
 
 // natsRunner drains the same backlog with dedupenats.Runner (DoubleAck, its
-// default). Latency: the transaction, from the pipelined BEGIN to a
-// successful COMMIT, timed by the inbox's database handle (an Observer
-// would add its own cost to the library's side only).
+// default). Latency: the handling, from the claim's BEGIN to a successful
+// COMMIT, timed by the inbox's Observer (window.observed).
 func (b *bench) natsRunner(ctx context.Context, w int, backlog int64) (*sample, error) {
 	if err := b.reset(ctx, b.run); err != nil {
 		return nil, err
@@ -136,7 +135,7 @@ func (b *bench) natsRunner(ctx context.Context, w int, backlog int64) (*sample, 
 	}
 	defer cleanup()
 	win := newWindow(backlog)
-	inbox, err := dedupe.New(timedDB{Pool: b.pool, committed: func(d time.Duration) { win.lat.add(d); win.add(1) }}, b.inbox.Config())
+	inbox, err := dedupe.New(b.pool, win.observed(b.inbox.Config()))
 	if err != nil {
 		return nil, err
 	}

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/exactlyonce/dedupe"
 )
 
 // window measures a transport run: consumers (or relays) drain a backlog
@@ -41,6 +43,35 @@ func (w *window) add(n int64) {
 	if v >= w.backlog {
 		w.fullOnce.Do(func() { close(w.full) })
 	}
+}
+
+// observed returns cfg with an Observer that counts each message the
+// library's side committed (with add) and its handling's duration, from
+// before the claim's BEGIN to after its COMMIT: what the hand-written side
+// times around its transaction. The inbox keeps the benchmark's plain pool,
+// and so the claim round a user's pool gets; a pool wrapped to time the
+// transactions would send the claims through pgx's batch instead. The
+// Observer's own cost (a closure per message in the core) is on the
+// library's side only.
+func (w *window) observed(cfg dedupe.Config) dedupe.Config {
+	cfg.Observer = windowObserver{done: func(d dedupe.HandleDone) {
+		if d.Outcome == dedupe.OutcomeClaimed {
+			w.lat.add(d.Duration)
+			w.add(1)
+		}
+	}}
+	return cfg
+}
+
+// windowObserver reports every handling's end to done.
+type windowObserver struct {
+	dedupe.NopObserver
+	done func(dedupe.HandleDone)
+}
+
+// StartHandle returns ctx and the window's done, the same for every message.
+func (o windowObserver) StartHandle(ctx context.Context, _ dedupe.HandleInfo) (context.Context, func(dedupe.HandleDone)) {
+	return ctx, o.done
 }
 
 // fail reports a consumer's error; the first one ends the measurement.
