@@ -86,7 +86,14 @@ const claimBatchColumns = `INSERT INTO {{inbox}} AS t
 // claimBatchValues are the values of a batch claim's rows after scope and
 // key: $4 state, u.fingerprint, $6 token, $7 lease, $8 retention.
 const claimBatchValues = `$4::text, u.fingerprint, 1, $6::bigint,
-    CASE WHEN $4::text = 'in_flight' THEN {{now}} + $7::interval END, {{now}}, {{now}}, {{now}} + $8::interval`
+    CASE WHEN $4::text = 'in_flight' THEN n.now + $7::interval END, n.now, n.now, n.now + $8::interval`
+
+// claimBatchNow is the time a batch claim writes into every new row, read
+// once per statement (a volatile clock in the select list is read once per
+// row and per use): the batch's keys share their expiry, which the expiry
+// index stores once per value (B-tree deduplication), as a hand-written
+// batch insert with one timestamp parameter does.
+const claimBatchNow = `CROSS JOIN (SELECT {{now}} AS now) n`
 
 // claimBatchReturning identifies a row the batch claim took (its key, and
 // its scope in the general form) and says whether it was taken (attempt
@@ -102,6 +109,7 @@ const claimBatchReturning = `RETURNING t.key, t.attempts, t.state = 'failed'`
 // order). A NULL $5 means no fingerprints (unnest pads it with NULLs).
 const sqlClaimBatch = claimBatchColumns + `SELECT u.scope, u.key, ` + claimBatchValues + `
 FROM unnest($2::text[], $3::text[], $5::bytea[]) WITH ORDINALITY AS u(scope, key, fingerprint, ord)
+` + claimBatchNow + `
 ORDER BY u.ord
 ` + sqlTakeover + `
 ` + claimBatchReturning + `, t.scope`
@@ -111,6 +119,7 @@ ORDER BY u.ord
 // fewer and returns no scope. Its other parameters are sqlClaimBatch's.
 const sqlClaimBatchScope = claimBatchColumns + `SELECT $2::text, u.key, ` + claimBatchValues + `
 FROM unnest($3::text[], $5::bytea[]) WITH ORDINALITY AS u(key, fingerprint, ord)
+` + claimBatchNow + `
 ORDER BY u.ord
 ` + sqlTakeover + `
 ` + claimBatchReturning
