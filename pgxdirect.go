@@ -100,17 +100,18 @@ type directConn struct {
 // directConnKey is the CustomData key of a connection's directConn.
 const directConnKey = "github.com/exactlyonce/dedupe.directConn"
 
-// maxDirectInboxes bounds the inboxes whose statements a connection keeps
-// prepared, so that the round's statements fit in the connection's
-// statement cache capacity: BEGIN, the lock timeout and the savepoint
-// (directShared) and two per inbox, at most 16 inboxes. 0 (a capacity too
-// small for one inbox) leaves the claims to pgx's batch.
+// maxDirectInboxes bounds the inbox tables whose statements a connection
+// keeps prepared, so that the round's statements fit in the connection's
+// statement cache capacity: those all inboxes share (directShared) and two
+// per inbox table, at most 16 tables. 0 (a capacity too small for one
+// table's) leaves the claims to pgx's batch.
 func maxDirectInboxes(capacity int) int { return min(max((capacity-directShared)/2, 0), 16) }
 
-// directShared counts the statements of the round that all inboxes share
-// on a connection: BEGIN (one per isolation level in use), the lock timeout
-// and the savepoint.
-const directShared = 3
+// directShared counts the statements of the round that all inboxes may
+// share on a connection: the lock timeout, the savepoint and the BEGINs a
+// consumer can send (the default and one per isolation level: a consumer's
+// transaction options set only the isolation level).
+const directShared = 2 + 5
 
 // stateOf returns conn's directConn, made on the connection's first round
 // from its own configuration, which a pool's BeforeConnect may have changed.
@@ -138,7 +139,9 @@ func (st *directConn) use(ctx context.Context, conn *pgx.Conn, s *directStmts) e
 		st.prepared, st.stale = st.prepared[:0], false
 	}
 	for n, p := range st.prepared {
-		if p == s {
+		// Inboxes of one table share their statements' names (hashes of
+		// the SQL), and so the prepared statements: one entry per table.
+		if p == s || p.claim.name == s.claim.name {
 			copy(st.prepared[n:], st.prepared[n+1:])
 			st.prepared[len(st.prepared)-1] = s
 			return nil

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -316,8 +317,8 @@ func TestDirectRoundClaimStatementsHonourStatementCacheCapacity(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		tracer   bool // a tracer sends the claim through pgx's batch: the control
-		capacity int  // 4 holds no inbox's statements beside the shared three: pgx's batch; 9 holds three inboxes'
-	}{{"pgx batch", true, 9}, {"direct round, small cache", false, 4}, {"direct round", false, 9}} {
+		capacity int  // 4 holds no table's statements: pgx's batch; 9 one table's, 11 two tables'
+	}{{"pgx batch", true, 11}, {"direct round, small cache", false, 4}, {"direct round, one table", false, 9}, {"direct round", false, 11}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
@@ -339,8 +340,11 @@ func TestDirectRoundClaimStatementsHonourStatementCacheCapacity(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				// Three isolation levels: three BEGINs prepared (found by
+				// review: the bound counted one).
+				isos := []pgx.TxIsoLevel{"", pgx.RepeatableRead, pgx.Serializable}
 				c, err := dedupe.NewConsumer(inbox, dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey,
-					LockTimeout: time.Second}, func(ctx context.Context, tx pgx.Tx, o order) error {
+					LockTimeout: time.Second, IsoLevel: isos[n%len(isos)]}, func(ctx context.Context, tx pgx.Tx, o order) error {
 					_, err := tx.Exec(ctx, "INSERT INTO effects (msg_key) VALUES ($1)", pgx.QueryExecModeSimpleProtocol, o.ID)
 					return err
 				})
@@ -545,4 +549,49 @@ func preparedOnSQLConn(t *testing.T, db *sql.DB) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// TestDirectRoundInboxesOfOneTableShareStatements: an application may build
+// an Inbox per subscription or tenant over one table. Their statements are
+// the same (the same SQL, so the same names), prepared once per connection:
+// the first version counted each Inbox as a table of its own, and past 16 of
+// them deallocated and prepared the claim again on every message (found by
+// review: 85 prepares for 100 messages over 20 inboxes).
+func TestDirectRoundInboxesOfOneTableShareStatements(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var parses atomic.Int64
+	u, _ := dbtest.ProxyURL(t, b.db.URL, func(ev pgproxy.Event) pgproxy.Action {
+		if !ev.Runs && strings.Contains(ev.Query, "ON CONFLICT (scope, key) DO NOTHING") {
+			parses.Add(1)
+		}
+		return pgproxy.Forward
+	})
+	cfg, err := pgxpool.ParseConfig(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var cs []*dedupe.Consumer[order]
+	for range 20 {
+		c, err := dedupe.NewConsumer(newInbox(t, pool, b), dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey}, insertEffect)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, c)
+	}
+	const msgs = 100
+	for n := range msgs {
+		if out, err := cs[n%len(cs)].Handle(context.Background(), order{ID: fmt.Sprint(n)}); err != nil || out != dedupe.OutcomeClaimed {
+			t.Fatalf("message %d: %v, %v", n, out, err)
+		}
+	}
+	if got := parses.Load(); got != 1 {
+		t.Errorf("the claim was prepared %d times for %d messages over 20 inboxes of one table on one connection, want once", got, msgs)
+	}
 }
