@@ -3,13 +3,16 @@ package dedupe_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
 )
 
 // TestHandlerRollbackStatementIsNotSuccess: a handler that ends the claim's
@@ -46,6 +49,67 @@ func TestHandlerRollbackStatementIsNotSuccess(t *testing.T) {
 	out, err = c.Handle(ctx, order{ID: "o-rb"})
 	if out != dedupe.OutcomePoisoned || !errors.Is(err, dedupe.ErrPoisoned) {
 		t.Fatalf("second attempt = %v, %v; want poisoned after MaxAttempts", out, err)
+	}
+}
+
+// TestHandlerEndingItsTransactionOnAPoolOfOneConnection: a handler that
+// ends the claim's transaction with a statement, on a pool of one
+// connection. Handle counts the attempt on a connection of its own, and
+// waited for its context's end before (found by review: the ended
+// transaction kept the only connection until Handle returned). A COMMIT
+// statement committed the claim with the effect: the redelivery is a
+// duplicate. Over the direct claim round and over pgx's batch (a tracer).
+func TestHandlerEndingItsTransactionOnAPoolOfOneConnection(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		stmt    string
+		effects int
+		again   dedupe.Outcome
+	}{{"COMMIT", 1, dedupe.OutcomeDuplicate}, {"ROLLBACK", 0, dedupe.OutcomeClaimed}} {
+		for _, traced := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/traced=%v", tc.stmt, traced), func(t *testing.T) {
+				t.Parallel()
+				b := setup(t)
+				pool := directPool(t, b, 1, func(c *pgxpool.Config) {
+					if traced {
+						c.ConnConfig.Tracer = dbtest.NopTracer{}
+					}
+				})
+				var end atomic.Bool
+				end.Store(true)
+				c, err := dedupe.NewConsumer(newInbox(t, pool, b), dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey},
+					func(ctx context.Context, tx pgx.Tx, o order) error {
+						if err := insertEffect(ctx, tx, o); err != nil {
+							return err
+						}
+						if end.Load() {
+							_, err := tx.Exec(ctx, tc.stmt)
+							return err
+						}
+						return nil
+					})
+				if err != nil {
+					t.Fatal(err)
+				}
+				// A bound for lack of progress only: a round trip or two.
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				out, err := c.Handle(ctx, order{ID: "k"})
+				if ctx.Err() != nil || !errors.Is(err, dedupe.ErrTxEnded) {
+					t.Fatalf("handle = %v, %v (context: %v); want ErrTxEnded at once", out, err, ctx.Err())
+				}
+				if got := b.effects(t, "k"); got != tc.effects {
+					t.Fatalf("effects = %d, want %d", got, tc.effects)
+				}
+				end.Store(false)
+				if out, err := c.Handle(ctx, order{ID: "k"}); err != nil || out != tc.again {
+					t.Fatalf("redelivery = %v, %v; want %v", out, err, tc.again)
+				}
+				if got := b.effects(t, "k"); got != 1 {
+					t.Fatalf("effects after the redelivery = %d, want 1", got)
+				}
+			})
+		}
 	}
 }
 

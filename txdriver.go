@@ -180,7 +180,10 @@ func (d *txDriver) failed(ctx context.Context, tx txConn, claim *Claim, herr err
 	}
 	if ended {
 		// The handler ended the transaction; the claim went with it. Count
-		// the attempt on its own.
+		// the attempt on its own, once the transaction has given its
+		// connection back: on a pool of one connection the count would wait
+		// for it.
+		_ = tx.Rollback(context.WithoutCancel(ctx))
 		attempts, poisoned, err = d.inbox.recordFailure(ctx, claim.Key, herr, d.maxAttempts)
 	}
 	return d.report(ctx, claim, herr, poisoned, attempts, err)
