@@ -140,8 +140,9 @@ func (st *directConn) use(ctx context.Context, conn *pgx.Conn, s *directStmts) e
 	}
 	for n, p := range st.prepared {
 		// Inboxes of one table share their statements' names (hashes of
-		// the SQL), and so the prepared statements: one entry per table.
-		if p == s || p.claim.name == s.claim.name {
+		// the SQL), and so the prepared statements: one entry per table,
+		// told by its claim's name.
+		if p.claim.name == s.claim.name {
 			copy(st.prepared[n:], st.prepared[n+1:])
 			st.prepared[len(st.prepared)-1] = s
 			return nil
