@@ -318,3 +318,44 @@ WHERE scope = 'topic' AND key < 'm-10'`, b.clock.Now().Add(-1))
 		}
 	}
 }
+
+// TestClaimBatchRowsShareTheirTimestamps: a batch claim reads the database's
+// clock once, so the rows of a batch share their creation time and expiry,
+// as a hand-written batch insert with one timestamp parameter writes them,
+// and the expiry index stores the value once (B-tree deduplication). Read
+// per row and per use, as before, every row had a time of its own. The inbox
+func TestClaimBatchRowsShareTheirTimestamps(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.inbox.Config()
+	cfg.Clock = nil // the database's clock: a test clock is one value for every row anyway
+	inbox, err := dedupe.New(b.db.Pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	keys := make([]dedupe.Key, 50)
+	for n := range keys {
+		keys[n] = dedupe.Key{Scope: "batch-time", ID: fmt.Sprintf("k%02d", n)}
+	}
+	if err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		_, err := inbox.ClaimBatch(ctx, tx, keys)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	first, err := inbox.Lookup(ctx, keys[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys[1:] {
+		rec, err := inbox.Lookup(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rec.ExpiresAt.Equal(first.ExpiresAt) || !rec.CreatedAt.Equal(first.CreatedAt) {
+			t.Fatalf("%s: created %v, expires %v; the batch's first key: created %v, expires %v",
+				k.ID, rec.CreatedAt, rec.ExpiresAt, first.CreatedAt, first.ExpiresAt)
+		}
+	}
+}
