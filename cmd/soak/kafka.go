@@ -133,8 +133,7 @@ func runKafkaMember(ctx context.Context, inbox *dedupe.Inbox, brokers []string, 
 		GroupID:           kafkaGroup,
 		Topic:             kafkaTopic,
 		StartOffset:       kafka.FirstOffset,
-		MaxWait:           50 * time.Millisecond,
-		ReadBatchTimeout:  50 * time.Millisecond,
+		MaxWait:           500 * time.Millisecond,
 		HeartbeatInterval: 100 * time.Millisecond,
 		SessionTimeout:    1500 * time.Millisecond,
 		RebalanceTimeout:  1500 * time.Millisecond,
@@ -200,7 +199,7 @@ func kafkaDeadLetters(ctx context.Context, tr *kafka.Transport, brokers []string
 			continue
 		}
 		r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: kafkaDLQ, Partition: p.Partition,
-			MaxWait: 50 * time.Millisecond, Dialer: &kafka.Dialer{Timeout: 5 * time.Second}})
+			MaxWait: 500 * time.Millisecond, Dialer: &kafka.Dialer{Timeout: 5 * time.Second}})
 		for {
 			m, err := r.ReadMessage(ctx)
 			if err != nil {

@@ -88,7 +88,7 @@ func TestConsumerBooksEachPaymentOnce(t *testing.T) {
 
 	// The malformed event reaches the dead-letter topic.
 	dr := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, GroupID: "dlq-check", Topic: "payments.dlq",
-		StartOffset: kafka.FirstOffset, MaxWait: 50 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond,
+		StartOffset: kafka.FirstOffset, MaxWait: 500 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond,
 		SessionTimeout: 1500 * time.Millisecond, RebalanceTimeout: 1500 * time.Millisecond})
 	dm, err := dr.FetchMessage(ctx)
 	_ = dr.Close()

@@ -74,7 +74,7 @@ func TestTraceThroughKafka(t *testing.T) {
 func readerConfig(brokers []string, group, topic string) kafka.ReaderConfig {
 	return kafka.ReaderConfig{
 		Brokers: brokers, GroupID: group, Topic: topic, StartOffset: kafka.FirstOffset,
-		MaxWait: 50 * time.Millisecond, ReadBatchTimeout: 50 * time.Millisecond,
+		MaxWait:           500 * time.Millisecond,
 		HeartbeatInterval: 100 * time.Millisecond, SessionTimeout: 1500 * time.Millisecond,
 		RebalanceTimeout: 1500 * time.Millisecond, JoinGroupBackoff: 100 * time.Millisecond,
 		ReadBackoffMin: 10 * time.Millisecond, ReadBackoffMax: 100 * time.Millisecond,

@@ -29,15 +29,19 @@ func cluster(t testing.TB, partitions int32, topics ...string) []string {
 }
 
 // readerConfig returns a group reader configuration tuned for fast joins
-// and rebalances on loopback.
+// and rebalances on loopback. MaxWait is also the read deadline of each
+// fetch (kafka-go asks the broker to answer a little before it): a short one
+// (it was 50ms, with ReadBatchTimeout 50ms) times out every fetch on a
+// loaded machine, and the reader reconnects forever without reading (seen
+// under .ci/stress). The broker answers a fetch as soon as a message
+// arrives, so a longer wait costs no latency.
 func readerConfig(brokers []string, group, topic string) kafka.ReaderConfig {
 	return kafka.ReaderConfig{
 		Brokers:           brokers,
 		GroupID:           group,
 		Topic:             topic,
 		StartOffset:       kafka.FirstOffset,
-		MaxWait:           50 * time.Millisecond,
-		ReadBatchTimeout:  50 * time.Millisecond,
+		MaxWait:           500 * time.Millisecond,
 		HeartbeatInterval: 100 * time.Millisecond,
 		SessionTimeout:    1500 * time.Millisecond,
 		RebalanceTimeout:  1500 * time.Millisecond,

@@ -268,7 +268,7 @@ func TestPoisonDeadLettered(t *testing.T) {
 		t.Fatalf("want 2 messages given up and dead-lettered, 1 poisoned and 1 refused: %s", m.obs)
 	}
 
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokersDLQ, Topic: "orders.dlq", Partition: 0, MaxWait: 50 * time.Millisecond})
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokersDLQ, Topic: "orders.dlq", Partition: 0, MaxWait: 500 * time.Millisecond})
 	defer r.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
