@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"time"
 )
 
 // Sections of the report.
@@ -20,7 +21,7 @@ const (
 type side struct {
 	name  string
 	op    func(b *bench) op
-	drain func(b *bench, ctx context.Context, w int, backlog int64) (*sample, error)
+	drain func(b *bench, ctx context.Context, w int, sp span) (*sample, error)
 }
 
 // comparison is one row of the report per worker count: the library
@@ -152,8 +153,7 @@ type costs struct {
 }
 
 // runComparisons measures the comparisons of a section at every worker
-// count in -rounds interleaved rounds: in each round the hand-written side
-// and the library run back to back, which goes first alternating, so a
+// count in -rounds interleaved rounds (interleave: A B B A windows), so a
 // ratio compares runs that saw the same machine. Then it counts each side's
 // round trips and allocations per message.
 func (rep *report) runComparisons(ctx context.Context, b *bench, section string, log io.Writer) error {
@@ -170,8 +170,8 @@ func (rep *report) runComparisons(ctx context.Context, b *bench, section string,
 		}
 		var all []*compared
 		for _, w := range o.workers {
-			row, err := rep.interleave(ctx, c, w, log, func(s *side, round int) (*sample, error) {
-				return rep.runSide(ctx, b, c, s, w, round)
+			row, err := rep.interleave(ctx, c, w, c.lib.op != nil, log, func(s *side, round int, d time.Duration) (*sample, error) {
+				return rep.runSide(ctx, b, c, s, w, round, d)
 			})
 			if err != nil {
 				return fmt.Errorf("%s: %w", c.name, err)
@@ -195,13 +195,13 @@ func earlyNote(s *sample) string {
 	return ""
 }
 
-// runSide measures one side once.
-func (rep *report) runSide(ctx context.Context, b *bench, c *comparison, s *side, w, round int) (*sample, error) {
+// runSide measures one side once, for a window of d.
+func (rep *report) runSide(ctx context.Context, b *bench, c *comparison, s *side, w, round int, d time.Duration) (*sample, error) {
 	o := rep.opts
 	tag := fmt.Sprintf("r%d-%d", b.seq.Add(1), round)
 	if s.drain != nil {
 		b.run = tag
-		smp, err := s.drain(b, ctx, w, b.backlogs.size(o, c, w, round))
+		smp, err := s.drain(b, ctx, w, span{backlog: b.backlogs.size(o, c, w, round, d), window: d})
 		if err == nil {
 			b.backlogs.observed(c, smp)
 		}
@@ -212,7 +212,7 @@ func (rep *report) runSide(ctx context.Context, b *bench, c *comparison, s *side
 			return nil, err
 		}
 	}
-	return measure(ctx, b.meter, w, o.warmup, o.duration, s.op(b))
+	return measure(ctx, b.meter, w, o.warmup, d, s.op(b))
 }
 
 // costOf is each side's usage per message: for an op side from a probe of

@@ -61,7 +61,7 @@ func (b *bench) kafkaTopic(ctx context.Context, partitions int, backlog int64) (
 func benchReaderConfig(brokers []string) kafka.ReaderConfig {
 	return kafka.ReaderConfig{
 		Brokers: brokers, GroupID: benchGroup, Topic: benchTopic, StartOffset: kafka.FirstOffset,
-		MaxWait: 20 * time.Millisecond, ReadBatchTimeout: 20 * time.Millisecond,
+		MaxWait:           500 * time.Millisecond,
 		HeartbeatInterval: 100 * time.Millisecond, SessionTimeout: 1500 * time.Millisecond,
 		RebalanceTimeout: 1500 * time.Millisecond, JoinGroupBackoff: 50 * time.Millisecond,
 		QueueCapacity: kafkaQueue, MaxBytes: 4 << 20,
@@ -73,25 +73,25 @@ func benchReaderConfig(brokers []string) kafka.ReaderConfig {
 // to a worker per partition (a channel of kafkaQueue messages each), each
 // running the hand-written claim + effect transaction and then
 // CommitMessages (which queues the offset). Latency: the transaction.
-func (b *bench) kafkaHand(ctx context.Context, partitions int, backlog int64) (*sample, error) {
-	return b.kafkaHandCommitting(ctx, partitions, backlog, kafkaCommitInterval)
+func (b *bench) kafkaHand(ctx context.Context, partitions int, sp span) (*sample, error) {
+	return b.kafkaHandCommitting(ctx, partitions, sp, kafkaCommitInterval)
 }
 
 // kafkaHandPerMessage is kafkaHand committing each message's offset to the
 // broker before the next (CommitInterval 0: CommitMessages waits for the
 // commit), the way a consumer that wants no redeliveries is often written:
 // the baseline issue 16 measures the runner against, next to the async one.
-func (b *bench) kafkaHandPerMessage(ctx context.Context, partitions int, backlog int64) (*sample, error) {
-	return b.kafkaHandCommitting(ctx, partitions, backlog, 0)
+func (b *bench) kafkaHandPerMessage(ctx context.Context, partitions int, sp span) (*sample, error) {
+	return b.kafkaHandCommitting(ctx, partitions, sp, 0)
 }
 
 // kafkaHandCommitting is the hand-written consumer with the reader's
 // CommitInterval set to every (0: synchronous commits).
-func (b *bench) kafkaHandCommitting(ctx context.Context, partitions int, backlog int64, every time.Duration) (*sample, error) {
+func (b *bench) kafkaHandCommitting(ctx context.Context, partitions int, sp span, every time.Duration) (*sample, error) {
 	if err := b.reset(ctx, b.run); err != nil {
 		return nil, err
 	}
-	brokers, stopCluster, err := b.kafkaTopic(ctx, partitions, backlog)
+	brokers, stopCluster, err := b.kafkaTopic(ctx, partitions, sp.backlog)
 	if err != nil {
 		return nil, err
 	}
@@ -100,7 +100,7 @@ func (b *bench) kafkaHandCommitting(ctx context.Context, partitions int, backlog
 	rc.CommitInterval = every
 	r := kafka.NewReader(rc)
 	defer r.Close()
-	win := newWindow(backlog)
+	win := newWindow(sp)
 	rctx, stop := context.WithCancel(ctx)
 	parts := make([]chan kafka.Message, partitions)
 	var wg sync.WaitGroup
@@ -142,7 +142,7 @@ func (b *bench) kafkaHandCommitting(ctx context.Context, partitions int, backlog
 			}
 		}
 	})
-	s, err := win.measure(ctx, b.meter, b.opts.warmup, b.opts.duration)
+	s, err := win.measure(ctx, b.meter, b.opts.warmup)
 	stop()
 	wg.Wait()
 	if err != nil {
@@ -154,16 +154,16 @@ func (b *bench) kafkaHandCommitting(ctx context.Context, partitions int, backlog
 // kafkaRunner drains the same backlog with dedupekafka.Runner in
 // per-message mode. Latency: the handling, from the claim's BEGIN to a
 // successful COMMIT, timed by the inbox's Observer (window.observed).
-func (b *bench) kafkaRunner(ctx context.Context, partitions int, backlog int64) (*sample, error) {
+func (b *bench) kafkaRunner(ctx context.Context, partitions int, sp span) (*sample, error) {
 	if err := b.reset(ctx, b.run); err != nil {
 		return nil, err
 	}
-	brokers, stopCluster, err := b.kafkaTopic(ctx, partitions, backlog)
+	brokers, stopCluster, err := b.kafkaTopic(ctx, partitions, sp.backlog)
 	if err != nil {
 		return nil, err
 	}
 	defer stopCluster()
-	win := newWindow(backlog)
+	win := newWindow(sp)
 	inbox, err := dedupe.New(b.pool, win.observed(b.inbox.Config()))
 	if err != nil {
 		return nil, err
@@ -179,7 +179,7 @@ func (b *bench) kafkaRunner(ctx context.Context, partitions int, backlog int64) 
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- run.Run(rctx) }()
-	s, err := win.measure(ctx, b.meter, b.opts.warmup, b.opts.duration)
+	s, err := win.measure(ctx, b.meter, b.opts.warmup)
 	stop()
 	if rerr := <-done; err == nil && rerr != nil && !errors.Is(rerr, context.Canceled) {
 		err = rerr

@@ -9,9 +9,11 @@
 // the NATS JetStream runner, the Kafka runner and the outbox relay against
 // hand-written consumers and a hand-written relay.
 //
-// Every row runs -rounds interleaved rounds: the hand-written side and the
-// library back to back, which goes first alternating, each for -duration
-// after -warmup, so that a ratio compares runs that saw the same machine.
+// Every row runs -rounds interleaved rounds: in each, the hand-written side
+// and the library run for -duration each, in two windows of half of it in
+// the order A B B A (which side is A alternating), each after -warmup, so
+// that a ratio compares runs that saw the same machine and a drift within a
+// round weighs on both sides alike.
 // The report gives each side's msgs/s over all rounds, the median and range
 // of the rounds' ratios, p50/p99 latencies, and per message each side's
 // PostgreSQL round trips (writes to the pool's sockets) and allocations,

@@ -46,9 +46,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	var workers, rows, purgeRows, only string
 	fs.StringVar(&o.dsn, "dsn", "", "PostgreSQL on this machine (loopback or a Unix socket; defaults to $DATABASE_URL, else "+scratch.LocalDSN+")")
 	fs.StringVar(&workers, "workers", "1,8,32", "comma-separated worker counts (JetStream workers, Kafka partitions, relays in the transport rows)")
-	fs.DurationVar(&o.duration, "duration", 2*time.Second, "measured time of each side in each round")
+	fs.DurationVar(&o.duration, "duration", 2*time.Second, "measured time of each side in each round (two windows of half of it)")
 	fs.DurationVar(&o.warmup, "warmup", 200*time.Millisecond, "unmeasured warm-up before each measured run")
-	fs.IntVar(&o.rounds, "rounds", 3, "interleaved rounds per row: library and hand-written in turn, which goes first alternating")
+	fs.IntVar(&o.rounds, "rounds", 3, "interleaved rounds per row: each side runs -duration per round in two windows, A B B A, which side is A alternating")
 	fs.IntVar(&o.batch, "batch", 100, "messages per batch of the batch rows")
 	fs.IntVar(&o.probeOps, "probe-ops", 300, "operations of the sequential probe that counts round trips and allocations per message")
 	fs.IntVar(&o.dupKeys, "dup-keys", 10000, "committed keys the duplicate and replay rows cycle through")

@@ -48,9 +48,9 @@ func (b *bench) outboxBacklog(ctx context.Context, backlog int64) (cleanup func(
 
 // drainOutbox drains the run's backlog with w loops, each calling its cycle
 // until the window closes. Latency: one cycle that published something.
-func (b *bench) drainOutbox(ctx context.Context, w int, backlog int64,
+func (b *bench) drainOutbox(ctx context.Context, w int, sp span,
 	newCycle func() (func(context.Context) (int, error), error)) (*sample, error) {
-	cleanup, err := b.outboxBacklog(ctx, backlog)
+	cleanup, err := b.outboxBacklog(ctx, sp.backlog)
 	if err != nil {
 		return nil, err
 	}
@@ -61,7 +61,7 @@ func (b *bench) drainOutbox(ctx context.Context, w int, backlog int64,
 			return nil, err
 		}
 	}
-	win := newWindow(backlog)
+	win := newWindow(sp)
 	var (
 		stop atomic.Bool
 		wg   sync.WaitGroup
@@ -84,7 +84,7 @@ func (b *bench) drainOutbox(ctx context.Context, w int, backlog int64,
 			}
 		})
 	}
-	s, err := win.measure(ctx, b.meter, b.opts.warmup, b.opts.duration)
+	s, err := win.measure(ctx, b.meter, b.opts.warmup)
 	stop.Store(true)
 	wg.Wait()
 	return s, err
@@ -97,8 +97,8 @@ func (b *bench) drainOutbox(ctx context.Context, w int, backlog int64,
 // transaction. That keeps per-key order (one message of a key in flight, in
 // id order) like dedupe.Relay, but takes one message per key and cycle and
 // keeps no retry bookkeeping.
-func (b *bench) relayHand(ctx context.Context, w int, backlog int64) (*sample, error) {
-	return b.drainOutbox(ctx, w, backlog, func() (func(context.Context) (int, error), error) {
+func (b *bench) relayHand(ctx context.Context, w int, sp span) (*sample, error) {
+	return b.drainOutbox(ctx, w, sp, func() (func(context.Context) (int, error), error) {
 		return func(ctx context.Context) (int, error) { return handRelayCycle(ctx, b, b.js) }, nil
 	})
 }
@@ -158,7 +158,7 @@ func handRelayCycle(ctx context.Context, b *bench, js jetstream.JetStream) (int,
 }
 
 // relayLib drains the same backlog with w dedupe.Relays driven by Cycle.
-func (b *bench) relayLib(ctx context.Context, w int, backlog int64) (*sample, error) {
+func (b *bench) relayLib(ctx context.Context, w int, sp span) (*sample, error) {
 	pub, err := dedupenats.NewOutboxPublisher(b.js, dedupenats.OutboxPublisherConfig{})
 	if err != nil {
 		return nil, err
@@ -167,7 +167,7 @@ func (b *bench) relayLib(ctx context.Context, w int, backlog int64) (*sample, er
 	if err != nil {
 		return nil, err
 	}
-	return b.drainOutbox(ctx, w, backlog, func() (func(context.Context) (int, error), error) {
+	return b.drainOutbox(ctx, w, sp, func() (func(context.Context) (int, error), error) {
 		relay, err := dedupe.NewRelay(ob, pub, dedupe.RelayConfig{BatchSize: relayBatch, DisableListen: true})
 		if err != nil {
 			return nil, err

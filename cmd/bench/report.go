@@ -86,20 +86,23 @@ func (rep *report) tables() []table {
 
 func (rep *report) caption() string {
 	return fmt.Sprintf("PostgreSQL %s on loopback, %d CPU cores seen by Go. %d interleaved rounds per row: the hand-written side "+
-		"and dedupe run back to back, which goes first alternating, each for %v after %v of warm-up. "+
+		"and dedupe each run for %v per round, in two windows of half of it in the order A B B A (which side is A alternating), "+
+		"each window after %v of warm-up; a core row's sides first run once unmeasured. "+
 		"msgs/s = all rounds' messages ÷ all rounds' measured time; ratio = dedupe msgs/s ÷ hand-written msgs/s "+
 		"within a round, median of the rounds (≥ 1: dedupe is as fast); latencies over all rounds.",
 		rep.server, rep.cores, rep.opts.rounds, rep.opts.duration, rep.opts.warmup)
 }
 
-// merge sums a side's rounds: their messages, measured time and latencies.
+// merge sums samples (a side's windows, or its rounds): their messages,
+// measured time, latencies and usage.
 func merge(ss []*sample) *sample {
-	m := &sample{}
+	m := &sample{usage: usage{pgOK: len(ss) > 0}}
 	for _, s := range ss {
 		m.msgs += s.msgs
 		m.elapsed += s.elapsed
 		m.lat = append(m.lat, s.lat...)
 		m.drainedEarly = m.drainedEarly || s.drainedEarly
+		m.usage = m.usage.add(s.usage)
 	}
 	slices.Sort(m.lat)
 	return m

@@ -191,11 +191,11 @@ func (rep *report) runSizes(ctx context.Context, b *bench, log io.Writer) error 
 			lib:  side{name: fmt.Sprintf("Consumer.Handle, inbox of %d rows", n), op: func(*bench) op { return bigOp }},
 			hand: side{name: "Consumer.Handle, empty inbox", op: func(b *bench) op { return b.opHandle }},
 		}
-		row, err := rep.interleave(ctx, c, o.sizeWorkers, log, func(s *side, round int) (*sample, error) {
+		row, err := rep.interleave(ctx, c, o.sizeWorkers, true, log, func(s *side, round int, d time.Duration) (*sample, error) {
 			if err := b.reset(ctx, fmt.Sprintf("s%d-%d", b.seq.Add(1), round)); err != nil {
 				return nil, err
 			}
-			return measure(ctx, b.meter, o.sizeWorkers, o.warmup, o.duration, s.op(b))
+			return measure(ctx, b.meter, o.sizeWorkers, o.warmup, d, s.op(b))
 		})
 		if err != nil {
 			return fmt.Errorf("inbox of %d rows: %w", n, err)
@@ -254,12 +254,12 @@ func (rep *report) runPurge(ctx context.Context, b *bench, log io.Writer) error 
 		lib:  side{name: "Consumer.Handle while Inbox.Purge runs", op: func(b *bench) op { return b.opHandle }},
 		hand: side{name: "Consumer.Handle, no purge", op: func(b *bench) op { return b.opHandle }},
 	}
-	row, err := rep.interleave(ctx, c, o.sizeWorkers, log, func(s *side, round int) (*sample, error) {
+	row, err := rep.interleave(ctx, c, o.sizeWorkers, false, log, func(s *side, round int, d time.Duration) (*sample, error) {
 		if err := expired(round); err != nil {
 			return nil, err
 		}
 		if s == &c.hand {
-			return measure(ctx, b.meter, o.sizeWorkers, o.warmup, o.duration, s.op(b))
+			return measure(ctx, b.meter, o.sizeWorkers, o.warmup, d, s.op(b))
 		}
 		var took time.Duration
 		smp, err := measureDuring(ctx, b.meter, o.sizeWorkers, o.warmup, s.op(b), func(ctx context.Context) error {
@@ -289,27 +289,47 @@ func measureDuring(ctx context.Context, m meter, workers int, warmup time.Durati
 	return s, err
 }
 
-// interleave runs a comparison at w workers for -rounds rounds, the two
-// sides back to back in each, which goes first alternating.
-func (rep *report) interleave(ctx context.Context, c *comparison, w int, log io.Writer,
-	run func(s *side, round int) (*sample, error)) (*compared, error) {
+// interleave measures a comparison at w workers in -rounds rounds. Each
+// round gives each side -duration in two windows of half of it, in the
+// order A B B A (which side is A alternating between rounds): a drift of
+// the machine within a round (PostgreSQL's checkpoints, the disk's flush
+// times, warming caches) weighs on both sides alike, where A B would hand
+// it to one. A side's round is its two windows summed, and the round's
+// ratio is the library's throughput over the hand-written one's. With warm,
+// each side first runs once for the warm-up, unmeasured: the row's first
+// window would otherwise be the only one on connections that have not yet
+// prepared its statements.
+func (rep *report) interleave(ctx context.Context, c *comparison, w int, warm bool, log io.Writer,
+	run func(s *side, round int, d time.Duration) (*sample, error)) (*compared, error) {
 	row := &compared{c: c, workers: w}
-	for round := range rep.opts.rounds {
-		sides := []*side{&c.hand, &c.lib}
-		if round%2 == 1 {
-			slices.Reverse(sides)
+	half := rep.opts.duration / 2
+	if warm {
+		for _, s := range []*side{&c.hand, &c.lib} {
+			if _, err := run(s, -1, rep.opts.warmup); err != nil {
+				return nil, fmt.Errorf("%s, %d workers, warm-up: %w", s.name, w, err)
+			}
 		}
-		got := map[*side]*sample{}
-		for _, s := range sides {
-			smp, err := run(s, round)
+	}
+	for round := range rep.opts.rounds {
+		a, b := &c.hand, &c.lib
+		if round%2 == 1 {
+			a, b = b, a
+		}
+		got := map[*side][]*sample{}
+		for _, s := range []*side{a, b, b, a} {
+			smp, err := run(s, round, half)
 			if err != nil {
 				return nil, fmt.Errorf("%s, %d workers: %w", s.name, w, err)
 			}
-			got[s] = smp
-			fmt.Fprintf(log, "bench: %-44s %-52s workers=%-3d round=%d %9.0f msg/s%s\n",
-				c.name, s.name, w, round+1, smp.throughput(), earlyNote(smp))
+			got[s] = append(got[s], smp)
 		}
-		lib, hand := got[&c.lib], got[&c.hand]
+		merged := map[*side]*sample{}
+		for _, s := range []*side{a, b} {
+			merged[s] = merge(got[s])
+			fmt.Fprintf(log, "bench: %-44s %-52s workers=%-3d round=%d %9.0f msg/s%s\n",
+				c.name, s.name, w, round+1, merged[s].throughput(), earlyNote(merged[s]))
+		}
+		lib, hand := merged[&c.lib], merged[&c.hand]
 		row.lib, row.hand = append(row.lib, lib), append(row.hand, hand)
 		if hand.throughput() > 0 {
 			row.ratios = append(row.ratios, lib.throughput()/hand.throughput())

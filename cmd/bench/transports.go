@@ -62,11 +62,11 @@ func (b *bench) natsStream(ctx context.Context, backlog int64) (jetstream.Consum
 // the runner's read-ahead (max(2×workers, 64)) feeding w workers, each
 // running the hand-written claim + effect transaction, committing, then
 // DoubleAck, as the runner does by default. Latency: the transaction.
-func (b *bench) natsHand(ctx context.Context, w int, backlog int64) (*sample, error) {
+func (b *bench) natsHand(ctx context.Context, w int, sp span) (*sample, error) {
 	if err := b.reset(ctx, b.run); err != nil {
 		return nil, err
 	}
-	cons, cleanup, err := b.natsStream(ctx, backlog)
+	cons, cleanup, err := b.natsStream(ctx, sp.backlog)
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +75,7 @@ func (b *bench) natsHand(ctx context.Context, w int, backlog int64) (*sample, er
 	if err != nil {
 		return nil, err
 	}
-	win := newWindow(backlog)
+	win := newWindow(sp)
 	msgs := make(chan jetstream.Msg)
 	rctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -112,7 +112,7 @@ func (b *bench) natsHand(ctx context.Context, w int, backlog int64) (*sample, er
 			}
 		})
 	}
-	s, err := win.measure(ctx, b.meter, b.opts.warmup, b.opts.duration)
+	s, err := win.measure(ctx, b.meter, b.opts.warmup)
 	stop()
 	it.Stop()
 	wg.Wait()
@@ -125,16 +125,16 @@ func (b *bench) natsHand(ctx context.Context, w int, backlog int64) (*sample, er
 // natsRunner drains the same backlog with dedupenats.Runner (DoubleAck, its
 // default). Latency: the handling, from the claim's BEGIN to a successful
 // COMMIT, timed by the inbox's Observer (window.observed).
-func (b *bench) natsRunner(ctx context.Context, w int, backlog int64) (*sample, error) {
+func (b *bench) natsRunner(ctx context.Context, w int, sp span) (*sample, error) {
 	if err := b.reset(ctx, b.run); err != nil {
 		return nil, err
 	}
-	cons, cleanup, err := b.natsStream(ctx, backlog)
+	cons, cleanup, err := b.natsStream(ctx, sp.backlog)
 	if err != nil {
 		return nil, err
 	}
 	defer cleanup()
-	win := newWindow(backlog)
+	win := newWindow(sp)
 	inbox, err := dedupe.New(b.pool, win.observed(b.inbox.Config()))
 	if err != nil {
 		return nil, err
@@ -154,7 +154,7 @@ func (b *bench) natsRunner(ctx context.Context, w int, backlog int64) (*sample, 
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(rctx) }()
-	s, err := win.measure(ctx, b.meter, b.opts.warmup, b.opts.duration)
+	s, err := win.measure(ctx, b.meter, b.opts.warmup)
 	stop()
 	if rerr := <-done; err == nil {
 		err = rerr

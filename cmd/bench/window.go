@@ -16,10 +16,11 @@ import (
 // published beforehand and count each message they finish with add. The
 // clock starts once the first message is done (so that start-up, such as a
 // Kafka group join, is not measured) and the warm-up has passed; it then
-// runs for -duration, or until the backlog is gone. Counting happens in the
+// runs for its span's window, or until the backlog is gone. Counting happens in the
 // process: no statement polls the database while the window is open.
 type window struct {
 	backlog     int64
+	length      time.Duration
 	done        atomic.Int64
 	first, full chan struct{}
 	firstOnce   sync.Once
@@ -29,8 +30,15 @@ type window struct {
 	lat         latencies
 }
 
-func newWindow(backlog int64) *window {
-	return &window{backlog: backlog, first: make(chan struct{}), full: make(chan struct{}), failed: make(chan error, 1)}
+// span is what a transport side is given for one measured window: the
+// backlog it drains and how long the window lasts.
+type span struct {
+	backlog int64
+	window  time.Duration
+}
+
+func newWindow(sp span) *window {
+	return &window{backlog: sp.backlog, length: sp.window, first: make(chan struct{}), full: make(chan struct{}), failed: make(chan error, 1)}
 }
 
 // add counts n finished messages.
@@ -85,7 +93,8 @@ var errBacklogDrained = errors.New("the backlog was drained during the warm-up")
 // measure waits for the first message, the warm-up and the window, and
 // returns the messages finished in the window with their latencies and the
 // process's usage meanwhile.
-func (w *window) measure(ctx context.Context, m meter, warmup, d time.Duration) (*sample, error) {
+func (w *window) measure(ctx context.Context, m meter, warmup time.Duration) (*sample, error) {
+	d := w.length
 	wait := func(t <-chan time.Time, until <-chan struct{}) (bool, error) {
 		select {
 		case <-t:
@@ -141,7 +150,7 @@ type backlogs struct {
 	sizes   map[string]int64
 }
 
-func (bl *backlogs) size(o *options, c *comparison, w, round int) int64 {
+func (bl *backlogs) size(o *options, c *comparison, w, round int, window time.Duration) int64 {
 	bl.mu.Lock()
 	defer bl.mu.Unlock()
 	if bl.sizes == nil {
@@ -152,7 +161,7 @@ func (bl *backlogs) size(o *options, c *comparison, w, round int) int64 {
 		return n
 	}
 	rate := max(c.ceiling, 1.5*bl.fastest[c.name])
-	n := int64(math.Ceil(rate*(o.warmup+o.duration).Seconds()*1.5)) + 100
+	n := int64(math.Ceil(rate*(o.warmup+window).Seconds()*1.5)) + 100
 	bl.sizes[k] = n
 	return n
 }
