@@ -90,6 +90,7 @@ func (i *Inbox) claimBatch(ctx context.Context, tx Querier, keys []Key, maxAttem
 		attempt    int
 		failed     bool
 		key, scope string
+		next       int // where the next row's key is, when the rows come in the keys' order
 	)
 	ncol := 3 // key, attempts, failed
 	if b.scopes != nil {
@@ -114,7 +115,8 @@ func (i *Inbox) claimBatch(ctx context.Context, tx Querier, keys []Key, maxAttem
 		if b.scopes == nil {
 			scope = b.scope
 		}
-		j, ok := b.find(scope, key)
+		j, ok := b.findFrom(next, scope, key)
+		next = j + 1
 		if !ok || state[j] != missed {
 			rows.Close()
 			return nil, errors.New("dedupe: the batch claim returned a key it was not given")
@@ -266,6 +268,17 @@ func (b *batchPlan) scopeOf(j int) string {
 		return b.scope
 	}
 	return b.scopes[j]
+}
+
+// findFrom is find that looks at distinct key j first: the rows of an
+// insert come back in the order of its input, which is the keys' order, so
+// the row after key j-1's is usually key j's (or a later one's, when keys
+// between them were taken already).
+func (b *batchPlan) findFrom(j int, scope, id string) (int, bool) {
+	if j < len(b.ids) && b.ids[j] == id && b.scopeOf(j) == scope {
+		return j, true
+	}
+	return b.find(scope, id)
 }
 
 // find returns the distinct key (scope, id) by binary search.
