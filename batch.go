@@ -43,7 +43,8 @@ func (i *Inbox) ClaimBatch(ctx context.Context, tx Querier, keys []Key) ([]*Clai
 // unnest costs: keys of one scope (the common case) travel as that scope
 // and one array of keys (sqlClaimBatchScope), keys of several scopes as
 // two arrays (sqlClaimBatch); the rows come back as raw key bytes matched
-// to the sorted keys by binary search, so nothing is allocated per row
+// to the sorted keys (where the previous row's key ended, else by binary
+// search), so nothing is allocated per row
 // (database/sql, which gives no raw values, scans them as strings); and the
 // claims share one allocation.
 func (i *Inbox) claimBatch(ctx context.Context, tx Querier, keys []Key, maxAttempts int) ([]*Claim, error) {

@@ -16,8 +16,9 @@ import (
 // published beforehand and count each message they finish with add. The
 // clock starts once the first message is done (so that start-up, such as a
 // Kafka group join, is not measured) and the warm-up has passed; it then
-// runs for its span's window, or until the backlog is gone. Counting happens in the
-// process: no statement polls the database while the window is open.
+// runs for its span's window, or until the backlog is gone. Counting
+// happens in the process: no statement polls the database while the window
+// is open.
 type window struct {
 	backlog     int64
 	length      time.Duration

@@ -34,7 +34,9 @@ func cluster(t testing.TB, partitions int32, topics ...string) []string {
 // (it was 50ms, with ReadBatchTimeout 50ms) times out every fetch on a
 // loaded machine, and the reader reconnects forever without reading (seen
 // under .ci/stress). The broker answers a fetch as soon as a message
-// arrives, so a longer wait costs no latency.
+// arrives, so the longer wait adds no delivery latency; what it costs is a
+// reader's Close (a generation change, a stop), which waits up to MaxWait
+// for an idle partition's fetch.
 func readerConfig(brokers []string, group, topic string) kafka.ReaderConfig {
 	return kafka.ReaderConfig{
 		Brokers:           brokers,
