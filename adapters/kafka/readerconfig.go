@@ -112,14 +112,31 @@ func partitionReaderConfig(rc kafka.ReaderConfig, topic string, partition int, e
 	}
 }
 
+// kafka-go's error log lines the runner acts on (kafka-go v0.4's wording:
+// re-check on upgrades).
+const (
+	// kafka-go skipped offsets the broker deleted before they were read.
+	kafkaLogSkipped = "skipping from offset"
+	// kafka-go found its fetch offset past the partition's end, and goes on
+	// fetching at that offset. (In v0.4.51 a fetch answered with that error
+	// leaves the connection unreadable, so kafka-go reconnects instead and
+	// the new reader reports the offset out of range to fetchFailed; this
+	// covers a kafka-go that reads the answer through.)
+	kafkaLogPastEnd = "reading passed the last offset"
+)
+
 // kafkaLogger passes kafka-go's error logs to the runner's logger (and to
 // the reader configuration's own ErrorLogger, if any). Most are transient
 // (timeouts, reconnections, which kafka-go retries) and logged at debug
 // level; kafka-go's report that it skipped offsets the broker deleted before
-// they were read (retention) is logged as an error. A partition reader's
-// logger also calls vanished when kafka-go reports that the broker does not
-// know the partition (its topic was deleted): kafka-go has no other way to
-// tell, and it would otherwise go on at its old offset in a recreated topic.
+// they were read (retention) is logged as an error.
+//
+// A partition reader's logger also calls vanished when kafka-go reports that
+// the broker does not know the partition (its topic was deleted), or that
+// the offset it fetches is past the partition's end (the topic was
+// recreated, or the log truncated, under the reader): kafka-go has no other
+// way to tell, and in both cases it would go on fetching at its old offset,
+// skipping the new topic's messages before it once they reach it.
 type kafkaLogger struct {
 	log      *slog.Logger
 	next     kafka.Logger
@@ -127,16 +144,11 @@ type kafkaLogger struct {
 }
 
 func (l kafkaLogger) Printf(format string, args ...any) {
-	if l.vanished != nil {
-		for _, a := range args {
-			if err, ok := a.(error); ok && errors.Is(err, kafka.UnknownTopicOrPartition) {
-				l.vanished()
-				break
-			}
-		}
+	if l.vanished != nil && l.lost(format, args) {
+		l.vanished()
 	}
 	msg := strings.TrimSpace(fmt.Sprintf(format, args...))
-	if strings.Contains(msg, "skipping from offset") {
+	if strings.Contains(msg, kafkaLogSkipped) {
 		l.log.Error("dedupekafka: kafka-go skipped offsets the broker deleted before they were consumed (retention): those messages are lost", "detail", msg)
 	} else {
 		l.log.Debug("dedupekafka: kafka-go", "detail", msg)
@@ -144,6 +156,20 @@ func (l kafkaLogger) Printf(format string, args ...any) {
 	if l.next != nil {
 		l.next.Printf(format, args...)
 	}
+}
+
+// lost reports whether a kafka-go log line says the partition being read
+// is gone or ends before the reader's offset.
+func (kafkaLogger) lost(format string, args []any) bool {
+	if strings.Contains(format, kafkaLogPastEnd) {
+		return true
+	}
+	for _, a := range args {
+		if err, ok := a.(error); ok && errors.Is(err, kafka.UnknownTopicOrPartition) {
+			return true
+		}
+	}
+	return false
 }
 
 // errOffsetOutOfRange matches the error a partition reader returns for an

@@ -271,7 +271,7 @@ func (r *Runner) generation(ctx, gctx context.Context, gen *kafka.Generation) {
 	g.rejoin = func(tp topicPartition) {
 		g.c.ban(tp)
 		g.once.Do(func() {
-			r.cfg.Logger.WarnContext(ctx, "dedupekafka: a partition vanished (its topic was deleted): dropping its uncommitted offsets and rejoining the group",
+			r.cfg.Logger.WarnContext(ctx, "dedupekafka: a partition vanished (its topic was deleted or recreated): dropping its uncommitted offsets and rejoining the group",
 				"topic", tp.topic, "partition", tp.id)
 			cancel()
 		})

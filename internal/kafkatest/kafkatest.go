@@ -19,6 +19,14 @@ func Cluster(t testing.TB, partitions int32, topics ...string) []string {
 // kfake.GroupMinSessionTimeout for fast consumer-group tests.
 func ClusterWith(t testing.TB, partitions int32, topics []string, extra []kfake.Opt) []string {
 	t.Helper()
+	return New(t, partitions, topics, extra).ListenAddrs()
+}
+
+// New is ClusterWith returning the cluster itself, for tests that hold or
+// rewrite the broker's requests (kfake's ControlKey) to force an order of
+// events a test cannot otherwise pin down.
+func New(t testing.TB, partitions int32, topics []string, extra []kfake.Opt) *kfake.Cluster {
+	t.Helper()
 	opts := []kfake.Opt{kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(int(partitions))}
 	if len(topics) > 0 {
 		opts = append(opts, kfake.SeedTopics(partitions, topics...))
@@ -29,5 +37,5 @@ func ClusterWith(t testing.TB, partitions int32, topics []string, extra []kfake.
 		t.Fatalf("kafkatest: %v", err)
 	}
 	t.Cleanup(c.Close)
-	return c.ListenAddrs()
+	return c
 }

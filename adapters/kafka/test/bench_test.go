@@ -33,7 +33,7 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return &benchEnv{b: &bundle{log: log, db: db, inbox: inbox, brokers: cluster(b, 1, "orders"), topic: "orders", group: "bench"}}
+	return &benchEnv{b: &bundle{log: log, db: db, inbox: inbox, brokers: cluster(b, 1, "orders").ListenAddrs(), topic: "orders", group: "bench"}}
 }
 
 // run produces b.N messages, starts the consumer, and times it from its

@@ -23,9 +23,9 @@ import (
 // cluster starts an in-process Kafka-protocol broker whose group
 // coordinator accepts the short session timeouts the tests use, with topics
 // seeded with partitions.
-func cluster(t testing.TB, partitions int32, topics ...string) []string {
+func cluster(t testing.TB, partitions int32, topics ...string) *kfake.Cluster {
 	t.Helper()
-	return kafkatest.ClusterWith(t, partitions, topics, []kfake.Opt{kfake.GroupMinSessionTimeout(100 * time.Millisecond)})
+	return kafkatest.New(t, partitions, topics, []kfake.Opt{kfake.GroupMinSessionTimeout(100 * time.Millisecond)})
 }
 
 // readerConfig returns a group reader configuration tuned for fast joins
@@ -148,6 +148,7 @@ type bundle struct {
 	log     *testLog
 	db      *dbtest.DB
 	inbox   *dedupe.Inbox
+	kfake   *kfake.Cluster // the broker, for tests that hold its requests
 	brokers []string
 	topic   string
 	group   string
@@ -167,7 +168,8 @@ func setup(t *testing.T, partitions int32) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &bundle{log: log, db: db, inbox: inbox, brokers: cluster(t, partitions, "orders", "orders.dlq"), topic: "orders", group: "billing"}
+	c := cluster(t, partitions, "orders", "orders.dlq")
+	return &bundle{log: log, db: db, inbox: inbox, kfake: c, brokers: c.ListenAddrs(), topic: "orders", group: "billing"}
 }
 
 // insertEffect is the business write of the tests' handlers.

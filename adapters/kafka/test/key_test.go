@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/exactlyonce/dedupe"
 	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
@@ -209,6 +211,69 @@ func TestTopicRecreatedUnderRunningMember(t *testing.T) {
 		return b.log.contains("a partition vanished") || b.log.contains("beyond the end of the partition")
 	})
 	b.createTopic(t, 1)
+	b.produce(t, numbered(8, "new-%d", nil)...)
+	b.waitDrained(t, 30*time.Second)
+	b.wantEffects(t, 13)
+	if m.handled() != 13 || m.duplicates() != 0 {
+		t.Fatalf("observed %s, want 13 handled", m.obs)
+	}
+}
+
+// The topic is deleted and recreated while the member's fetch is on its way
+// (held by the broker here, which a loaded machine or a slow network does on
+// its own): the fetch reaches the new, empty topic at the old offset before
+// any partition watcher saw the old one vanish, so no "unknown partition"
+// ever reaches the member. The broker answers offset out of range; kafka-go
+// (v0.4.51) then reconnects, and the new reader finds offset 5 beyond the
+// partition's end, which the runner resumes at offset 0. Had it fetched on
+// at offset 5, the new topic's first five messages would be skipped once
+// the topic reached it.
+func TestTopicRecreatedUnderInFlightFetch(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	b.produce(t, numbered(5, "old-%d", nil)...)
+	m := b.start(t, dedupekafka.Config{CommitInterval: 50 * time.Millisecond}, insertEffect, func(rc *kafka.ReaderConfig) {
+		rc.PartitionWatchInterval = time.Hour // the watcher must not see the deletion first
+		// kafka-go reads a fetch's reply under a deadline of MaxWait: long
+		// enough for the held fetch to outlast a deletion and a creation on
+		// a loaded machine (a reply that times out instead reconnects, and
+		// finds the offset out of range the way the test above does).
+		rc.MaxWait = 3 * time.Second
+	})
+	b.waitDrained(t, 30*time.Second)
+
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	b.kfake.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		fr := req.(*kmsg.FetchRequest)
+		at5 := false
+		for _, ft := range fr.Topics {
+			for _, p := range ft.Partitions {
+				at5 = at5 || ft.Topic == b.topic && p.FetchOffset == 5
+			}
+		}
+		if !at5 {
+			return nil, nil, false
+		}
+		first := false
+		once.Do(func() { first = true })
+		if first {
+			close(held)
+			b.kfake.SleepControl(func() { <-release })
+			b.kfake.DropControl()
+		}
+		return nil, nil, false // the broker answers it, from its state now
+	})
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the member sent no fetch at offset 5 within 30s")
+	}
+	b.recreate(t, 1)
+	close(release)
+	dbtest.WaitFor(t, 30*time.Second, "the member to notice its offset is past the new topic's end", func() bool {
+		return b.log.contains("beyond the end of the partition") || b.log.contains("a partition vanished")
+	})
 	b.produce(t, numbered(8, "new-%d", nil)...)
 	b.waitDrained(t, 30*time.Second)
 	b.wantEffects(t, 13)

@@ -28,7 +28,7 @@ func transport(name string, batch int, batchHandler bool) adaptertest.Transport 
 		Features: adaptertest.Features{Poison: true, OrderedPerKey: true},
 		New: func(t *testing.T, db *dbtest.DB) adaptertest.Instance {
 			const topic = "suite"
-			brokers := cluster(t, 4, topic)
+			brokers := cluster(t, 4, topic).ListenAddrs()
 			group := "suite-" + string(rune('a'+suiteGroups.Add(1)%26))
 			w := newWriter(t, brokers, topic, 1)
 			return adaptertest.Instance{
