@@ -161,7 +161,7 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
 		{"-workers", "0"}, {"-workers", "x"}, {"-duration", "0"}, {"-batch", "0"}, {"-inbox-rows", "-5"},
-		{"-rounds", "0"}, {"-probe-ops", "0"}, {"-purge-rows", "x"}, {"-timeout", "0"}, {"stray"},
+		{"-rounds", "0"}, {"-rounds", "1"}, {"-rounds", "5"}, {"-probe-ops", "0"}, {"-purge-rows", "x"}, {"-timeout", "0"}, {"stray"},
 		{"-dsn", "postgres://postgres@db.example.com:5432/test"},
 		{"-dsn", "postgres://postgres@10.0.0.7:5432/test"},
 	} {

@@ -11,9 +11,10 @@
 //
 // Every row runs -rounds interleaved rounds: in each, the hand-written side
 // and the library run for -duration each, in two windows of half of it in
-// the order A B B A (which side is A alternating), each after -warmup, so
-// that a ratio compares runs that saw the same machine and a drift within a
-// round weighs on both sides alike.
+// the order A B B A (which side is A alternating; -rounds is even so each
+// side is A in half of them), each after -warmup, so that a ratio compares
+// runs that saw the same machine and a drift within a round weighs on both
+// sides alike.
 // The report gives each side's msgs/s over all rounds, the median and range
 // of the rounds' ratios, p50/p99 latencies, and per message each side's
 // PostgreSQL round trips (writes to the pool's sockets) and allocations,
@@ -30,7 +31,7 @@
 // Usage:
 //
 //	go run ./cmd/bench -markdown                 # 3 rounds of 2s per side and row
-//	go run ./cmd/bench -only Handle -rounds 5
+//	go run ./cmd/bench -only Handle -rounds 6
 //	go run ./cmd/bench -only "inbox size" -inbox-rows 1e5,1e6,1e7
 package main
 

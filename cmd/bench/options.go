@@ -48,7 +48,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&workers, "workers", "1,8,32", "comma-separated worker counts (JetStream workers, Kafka partitions, relays in the transport rows)")
 	fs.DurationVar(&o.duration, "duration", 2*time.Second, "measured time of each side in each round (two windows of half of it)")
 	fs.DurationVar(&o.warmup, "warmup", 200*time.Millisecond, "unmeasured warm-up before each measured run")
-	fs.IntVar(&o.rounds, "rounds", 3, "interleaved rounds per row: each side runs -duration per round in two windows, A B B A, which side is A alternating")
+	fs.IntVar(&o.rounds, "rounds", 4, "interleaved rounds per row, an even number: each side runs -duration per round in two windows, A B B A, each side A in half of the rounds")
 	fs.IntVar(&o.batch, "batch", 100, "messages per batch of the batch rows")
 	fs.IntVar(&o.probeOps, "probe-ops", 300, "operations of the sequential probe that counts round trips and allocations per message")
 	fs.IntVar(&o.dupKeys, "dup-keys", 10000, "committed keys the duplicate and replay rows cycle through")
@@ -96,8 +96,12 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("-duration must be positive")
 	case o.warmup < 0:
 		return nil, errors.New("-warmup must not be negative")
-	case o.rounds < 1:
-		return nil, errors.New("-rounds must be at least 1")
+	case o.rounds < 2 || o.rounds%2 != 0:
+		// In A B B A, A's windows each follow the other side's and B's
+		// follow each other: whatever a side leaves behind for its next
+		// window (its dead rows, its cached pages) weighs differently on A
+		// and B, so each side must be A as often as B.
+		return nil, errors.New("-rounds must be even (at least 2): each side is A in A B B A in half of the rounds")
 	case o.batch < 1:
 		return nil, errors.New("-batch must be at least 1")
 	case o.probeOps < 1:

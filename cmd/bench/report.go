@@ -86,7 +86,7 @@ func (rep *report) tables() []table {
 
 func (rep *report) caption() string {
 	return fmt.Sprintf("PostgreSQL %s on loopback, %d CPU cores seen by Go. %d interleaved rounds per row: the hand-written side "+
-		"and dedupe each run for %v per round, in two windows of half of it in the order A B B A (which side is A alternating), "+
+		"and dedupe each run for %v per round, in two windows of half of it in the order A B B A (which side is A alternating: each is A in half of the rounds), "+
 		"each window after %v of warm-up; a core row's sides first run once unmeasured. "+
 		"msgs/s = all rounds' messages ÷ all rounds' measured time; ratio = dedupe msgs/s ÷ hand-written msgs/s "+
 		"within a round, median of the rounds (≥ 1: dedupe is as fast); latencies over all rounds.",

@@ -291,7 +291,8 @@ func measureDuring(ctx context.Context, m meter, workers int, warmup time.Durati
 
 // interleave measures a comparison at w workers in -rounds rounds. Each
 // round gives each side -duration in two windows of half of it, in the
-// order A B B A (which side is A alternating between rounds): a drift of
+// order A B B A (which side is A alternating between rounds, each side A in
+// half of them as -rounds is even): a drift of
 // the machine within a round (PostgreSQL's checkpoints, the disk's flush
 // times, warming caches) weighs on both sides alike, where A B would hand
 // it to one. A side's round is its two windows summed, and the round's
