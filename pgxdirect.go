@@ -16,8 +16,8 @@ import (
 
 // The direct claim round. On a pgx pool or connection in pgx's default
 // statement mode (QueryExecModeCacheStatement) and without a tracer, a
-// Consumer sends BEGIN, its lock timeout, the claim, the peek and the
-// savepoint as one pgconn batch: one write, one Sync, one round trip, the
+// Consumer sends BEGIN, its lock timeout, the claim, the peek (see
+// peekahead.go) and the savepoint as one pgconn batch: one write, one Sync, one round trip, the
 // same statements pgx's pipelined batch would send. The claim and the peek
 // are prepared once per connection under names of their own, and their
 // values are encoded and decoded here in PostgreSQL's binary format
@@ -172,6 +172,8 @@ type directStmt struct {
 // directStmts are an inbox's statements of the direct round.
 type directStmts struct {
 	claim, peek, lockTimeout, savepoint directStmt
+	// ahead decides whether a round carries the peek (peekahead.go).
+	ahead peekAhead
 	// off is set once a connection prepared them with other types than the
 	// round's (the inbox table was altered): from then on the inbox's
 	// claims go through pgx's batch.
@@ -327,7 +329,9 @@ func (a *directArgs) encode(i *Inbox, r *claimReq, lockTimeout string) {
 
 // claimDirect begins a transaction on a connection of d and claims r in
 // it: BEGIN (begin.sql), the lock timeout when set, the claim, the peek
-// and the savepoint, in one round trip. It returns errDirectTypes or
+// (when the inbox's recent claims met duplicates: peekahead.go) and the
+// savepoint, in one round trip; a claim that found its key taken without
+// the peek reads it in a second. It returns errDirectTypes or
 // errNoDirect, having sent nothing, when the round must go through pgx
 // instead.
 func (d *pgxDirect) claimDirect(ctx context.Context, i *Inbox, begin *directBegin, lockTimeout string, r *claimReq) (txConn, *claimRound, error) {
@@ -356,8 +360,15 @@ func (d *pgxDirect) claimDirect(ctx context.Context, i *Inbox, begin *directBegi
 		}
 		return nil, nil, errNoDirect
 	}
+	n, ahead := i.direct.ahead.next()
 	for try := 0; ; try++ {
-		round, err := sendDirect(ctx, conn, st, i.direct, &begin.stmt, args, r, true)
+		round, err := sendDirect(ctx, conn, st, i.direct, &begin.stmt, args, r, ahead)
+		if err == nil && !round.inserted {
+			i.direct.ahead.found(n)
+			if !ahead {
+				err = peekDirect(ctx, conn, i.direct, args, r, round)
+			}
+		}
 		if err == nil {
 			tx, err := adoptTx(ctx, conn, begin)
 			if err != nil {
@@ -463,6 +474,27 @@ func sendDirect(ctx context.Context, conn *pgx.Conn, st *directConn, s *directSt
 		return nil, fmt.Errorf("dedupe: transaction status %q after the claim", conn.PgConn().TxStatus())
 	}
 	return round, nil
+}
+
+// peekDirect reads, in the transaction a round without the peek began on
+// conn, the key that round's claim found taken: the round's own encoded
+// parameters, the statement prepared as the round's are.
+func peekDirect(ctx context.Context, conn *pgx.Conn, s *directStmts, args *directArgs, r *claimReq, round *claimRound) error {
+	sd, err := s.peek.prepare(ctx, conn)
+	if err != nil {
+		return err
+	}
+	rr := conn.PgConn().ExecPrepared(ctx, sd.Name, args.peek[:], binaryFormat, binaryFormat)
+	var derr error
+	for rr.NextRow() {
+		if derr == nil {
+			derr = round.decodePeek(rr.Values(), r.key)
+		}
+	}
+	if _, err := rr.Close(); err != nil {
+		return err
+	}
+	return derr
 }
 
 // decodeClaim decodes the row sqlClaimInsert returned (claimReturning):

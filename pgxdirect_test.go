@@ -595,3 +595,84 @@ func TestDirectRoundInboxesOfOneTableShareStatements(t *testing.T) {
 		t.Errorf("the claim was prepared %d times for %d messages over 20 inboxes of one table on one connection, want once", got, msgs)
 	}
 }
+
+// TestDirectRoundPeeksWithTheClaimOnlyAfterDuplicates: the read of an
+// existing key (the peek) goes in the claim's round trip only while the
+// inbox's recent claims met duplicates. New keys read nothing; the first
+// duplicate after them is read in a second round trip (after the
+// savepoint that closes the round); the duplicates after it, and the new
+// keys that follow within 64 claims, carry the peek in the round (before
+// the savepoint). Every message is classified the same way either way.
+func TestDirectRoundPeeksWithTheClaimOnlyAfterDuplicates(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var mu sync.Mutex
+	var seen []string // "peek" and "savepoint", in the order the server ran them
+	pool, _ := faultyPool(t, b, func(ev pgproxy.Event) pgproxy.Action {
+		q := strings.TrimSpace(ev.Query)
+		if ev.Runs && (strings.HasPrefix(q, "SAVEPOINT") || strings.HasPrefix(q, "SELECT state")) {
+			mu.Lock()
+			seen = append(seen, strings.ToLower(strings.Fields(q)[0]))
+			mu.Unlock()
+		}
+		return pgproxy.Forward
+	})
+	c, err := dedupe.NewConsumer(newInbox(t, pool, b), dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey}, insertEffect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// handle handles o and returns what the server ran for it: "" (no
+	// peek), "in round" (peek, then savepoint) or "after" (savepoint,
+	// then peek).
+	handle := func(o order, want dedupe.Outcome) string {
+		t.Helper()
+		mu.Lock()
+		seen = seen[:0]
+		mu.Unlock()
+		if out, err := c.Handle(ctx, o); err != nil || out != want {
+			t.Fatalf("handle %s = %v, %v; want %v", o.ID, out, err, want)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		switch strings.Join(seen, ",") {
+		case "savepoint":
+			return ""
+		case "select,savepoint":
+			return "in round"
+		case "savepoint,select":
+			return "after"
+		default:
+			t.Fatalf("handle %s ran %q", o.ID, seen)
+			return ""
+		}
+	}
+	for k := range 3 {
+		if got := handle(order{ID: fmt.Sprintf("new-%d", k)}, dedupe.OutcomeClaimed); got != "" {
+			t.Fatalf("new key %d before any duplicate: peek %s, want none", k, got)
+		}
+	}
+	if got := handle(order{ID: "new-0"}, dedupe.OutcomeDuplicate); got != "after" {
+		t.Fatalf("first duplicate: peek %q, want after", got)
+	}
+	if got := handle(order{ID: "new-1"}, dedupe.OutcomeDuplicate); got != "in round" {
+		t.Fatalf("second duplicate: peek %q, want in round", got)
+	}
+	// The 64 claims after that duplicate carry the peek; the next does not.
+	for k := range 64 {
+		if got := handle(order{ID: fmt.Sprintf("later-%d", k)}, dedupe.OutcomeClaimed); got != "in round" {
+			t.Fatalf("new key %d after a duplicate: peek %q, want in round", k, got)
+		}
+	}
+	if got := handle(order{ID: "later-64"}, dedupe.OutcomeClaimed); got != "" {
+		t.Fatalf("new key 65 claims after a duplicate: peek %q, want none", got)
+	}
+	if got := handle(order{ID: "new-2"}, dedupe.OutcomeDuplicate); got != "after" {
+		t.Fatalf("duplicate after a run of new keys: peek %q, want after", got)
+	}
+	for _, id := range []string{"new-0", "new-1", "new-2", "later-0", "later-64"} {
+		if n := b.effects(t, id); n != 1 {
+			t.Fatalf("effects of %s = %d, want 1", id, n)
+		}
+	}
+}
