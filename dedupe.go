@@ -193,6 +193,9 @@ type Inbox struct {
 	// direct holds the statements of the direct claim round, nil when the
 	// driver cannot send it (pgxdirect.go).
 	direct *directStmts
+	// ahead decides whether a claim sends the read of an existing key with
+	// its insert (peekahead.go).
+	ahead peekAhead
 }
 
 // New returns an Inbox over db; the zero Config is the defaults. New does not

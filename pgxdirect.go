@@ -172,8 +172,6 @@ type directStmt struct {
 // directStmts are an inbox's statements of the direct round.
 type directStmts struct {
 	claim, peek, lockTimeout, savepoint directStmt
-	// ahead decides whether a round carries the peek (peekahead.go).
-	ahead peekAhead
 	// off is set once a connection prepared them with other types than the
 	// round's (the inbox table was altered): from then on the inbox's
 	// claims go through pgx's batch.
@@ -360,11 +358,11 @@ func (d *pgxDirect) claimDirect(ctx context.Context, i *Inbox, begin *directBegi
 		}
 		return nil, nil, errNoDirect
 	}
-	n, ahead := i.direct.ahead.next()
+	n, ahead := i.ahead.next()
 	for try := 0; ; try++ {
 		round, err := sendDirect(ctx, conn, st, i.direct, &begin.stmt, args, r, ahead)
 		if err == nil && !round.inserted {
-			i.direct.ahead.found(n)
+			i.ahead.found(n)
 			if !ahead {
 				err = peekDirect(ctx, conn, i.direct, args, r, round)
 			}
