@@ -17,11 +17,11 @@ import (
 // The direct claim round. On a pgx pool or connection in pgx's default
 // statement mode (QueryExecModeCacheStatement) and without a tracer, a
 // Consumer sends BEGIN, its lock timeout, the claim, the peek (see
-// peekahead.go) and the savepoint as one pgconn batch: one write, one Sync, one round trip, the
-// same statements pgx's pipelined batch would send. The claim and the peek
-// are prepared once per connection under names of their own, and their
-// values are encoded and decoded here in PostgreSQL's binary format
-// (pgwire.go). What this saves is pgx's pipeline bookkeeping (a list
+// peekahead.go) and the savepoint as one pgconn batch: one write, one Sync,
+// one round trip, the same statements pgx's pipelined batch would send. The
+// claim and the peek are prepared once per connection under names of their
+// own, and their values are encoded and decoded here in PostgreSQL's binary
+// format (pgwire.go). What this saves is pgx's pipeline bookkeeping (a list
 // element and result state per queued statement) and its per-value type
 // plans: about 40 allocations per message.
 //
