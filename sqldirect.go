@@ -14,10 +14,10 @@ import (
 // claim follows BEGIN (which database/sql sends alone) through the
 // *pgx.Conn under the *sql.Tx: the lock timeout, the claim and the
 // savepoint in one round trip, sent as the pgx driver's direct round sends
-// them (pgxdirect.go), and the read of an existing key only after a claim
-// that found its key taken. Where the connection is not pgx's stdlib, or
-// its configuration wants pgx's batch (a tracer, another statement mode),
-// the claim goes through SQLDB.begin as before.
+// them (pgxdirect.go), and the read of an existing key, the same way, only
+// after a claim that found its key taken. Where the connection is not pgx's
+// stdlib, or its configuration wants pgx's batch (a tracer, another
+// statement mode), the claim goes through SQLDB.begin as before.
 
 // claimDirect begins a transaction of d and claims r in it. It returns
 // errNoDirect, having claimed nothing, when the claim must go through
@@ -46,6 +46,12 @@ func (d *SQLDB) claimDirect(ctx context.Context, i *Inbox, opts pgx.TxOptions, l
 			return errNoDirect
 		}
 		round, err = sendDirect(ctx, conn, st, i.direct, nil, args, r, false)
+		if err == nil && !round.inserted {
+			// The key exists: read it, with the round's encoded arguments
+			// and statement, rather than convert them again through
+			// database/sql.
+			err = peekDirect(ctx, conn, i.direct, args, r, round)
+		}
 		if staleStatement(err) {
 			// The transaction is aborted: the statements are prepared anew
 			// on this connection by its next round, and the claim runs
@@ -64,14 +70,6 @@ func (d *SQLDB) claimDirect(ctx context.Context, i *Inbox, opts pgx.TxOptions, l
 			i.directOff(ctx)
 		}
 		return nil, nil, err
-	}
-	if !round.inserted {
-		// The key exists: read it, as a claim sent one by one does.
-		round.later = i.claimArgs(r)
-		if err := i.peekAfter(ctx, t, r, round); err != nil {
-			_ = t.Rollback(context.WithoutCancel(ctx))
-			return nil, nil, err
-		}
 	}
 	return t, round, nil
 }
