@@ -358,15 +358,8 @@ func (d *pgxDirect) claimDirect(ctx context.Context, i *Inbox, begin *directBegi
 		}
 		return nil, nil, errNoDirect
 	}
-	n, ahead := i.ahead.next()
 	for try := 0; ; try++ {
-		round, err := sendDirect(ctx, conn, st, i.direct, &begin.stmt, args, r, ahead)
-		if err == nil && !round.inserted {
-			i.ahead.found(n)
-			if !ahead {
-				err = peekDirect(ctx, conn, i.direct, args, r, round)
-			}
-		}
+		round, err := sendDirect(ctx, conn, st, i, &begin.stmt, args, r)
 		if err == nil {
 			tx, err := adoptTx(ctx, conn, begin)
 			if err != nil {
@@ -397,12 +390,31 @@ func (d *pgxDirect) claimDirect(ctx context.Context, i *Inbox, begin *directBegi
 	}
 }
 
-// sendDirect sends one round on conn and reads its results: BEGIN (unless
+// sendDirect claims r on conn in the direct round and learns the state of a
+// key it finds taken: one round trip, and a second for the read of a taken
+// key when the inbox's recent claims met no duplicate (peekahead.go). Both
+// drivers' direct rounds claim through it, so that they send the same.
+func sendDirect(ctx context.Context, conn *pgx.Conn, st *directConn, i *Inbox, begin *directStmt, args *directArgs, r *claimReq) (*claimRound, error) {
+	n, ahead := i.ahead.next()
+	round, err := sendRound(ctx, conn, st, i.direct, begin, args, r, ahead)
+	if err != nil || round.inserted {
+		return round, err
+	}
+	i.ahead.found(n)
+	if !ahead {
+		if err := peekDirect(ctx, conn, i.direct, args, r, round); err != nil {
+			return nil, err
+		}
+	}
+	return round, nil
+}
+
+// sendRound sends one round on conn and reads its results: BEGIN (unless
 // begin is nil: the transaction is open already), the lock timeout when args
 // has one, the claim, the peek when peek is set, and the savepoint. Every
 // statement is prepared on the connection, so that the server parses none
 // of them again.
-func sendDirect(ctx context.Context, conn *pgx.Conn, st *directConn, s *directStmts, begin *directStmt, args *directArgs, r *claimReq, peek bool) (*claimRound, error) {
+func sendRound(ctx context.Context, conn *pgx.Conn, st *directConn, s *directStmts, begin *directStmt, args *directArgs, r *claimReq, peek bool) (*claimRound, error) {
 	if err := st.use(ctx, conn, s); err != nil {
 		return nil, err
 	}

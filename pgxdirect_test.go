@@ -107,6 +107,18 @@ func TestDirectRoundPreparesAgain(t *testing.T) {
 	}
 	handle("o-2", dedupe.OutcomeClaimed)
 	handle("o-1", dedupe.OutcomeDuplicate)
+	// The read of a taken key goes away alone, between rounds; a new inbox
+	// (no duplicates seen: it reads a taken key after the round) meets it
+	// only after its claim found the key taken.
+	deallocatePeek(t, func(q string, dest ...any) error { return pool.QueryRow(ctx, q).Scan(dest...) },
+		func(q string) error { _, err := pool.Exec(ctx, q); return err })
+	c2, err := dedupe.NewConsumer(newInbox(t, pool, b), dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey}, insertEffect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c2.Handle(ctx, order{ID: "o-2"}); err != nil || out != dedupe.OutcomeDuplicate {
+		t.Fatalf("handle o-2 with the read of a taken key deallocated = %v, %v; want duplicate", out, err)
+	}
 	// attempts becomes bigint: the prepared claim's result type changed.
 	b.db.Exec(t, "ALTER TABLE dedupe_inbox ALTER COLUMN attempts TYPE bigint")
 	handle("o-3", dedupe.OutcomeClaimed)
@@ -123,7 +135,13 @@ func TestDirectRoundPreparesAgain(t *testing.T) {
 // connections, edited by edit.
 func directPool(t *testing.T, b *bundle, maxConns int32, edit func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	return directPoolAt(t, b.db.URL, maxConns, edit)
+}
+
+// directPoolAt is directPool on url (a proxy's, say).
+func directPoolAt(t *testing.T, url string, maxConns int32, edit func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -501,13 +519,33 @@ func TestDirectRoundOverDatabaseSQLPreparesAgain(t *testing.T) {
 	}
 	handle("o-1", dedupe.OutcomeClaimed)
 	if got := preparedOnSQLConn(t, db); got != 2 {
-		t.Fatalf("%d dedupe_ statements prepared on the connection, want the claim's and the savepoint's (the read of a taken key goes through database/sql)", got)
+		t.Fatalf("%d dedupe_ statements prepared on the connection, want the claim's and the savepoint's (a taken key is read only after a claim finds one)", got)
 	}
 	if _, err := db.ExecContext(ctx, "DEALLOCATE ALL"); err != nil {
 		t.Fatal(err)
 	}
 	handle("o-2", dedupe.OutcomeClaimed)
 	handle("o-1", dedupe.OutcomeDuplicate)
+	// The read of a taken key goes away alone, between rounds; a new inbox
+	// (no duplicates seen: it reads a taken key after the round) meets it
+	// only after its claim found the key taken, in a transaction it
+	// cannot retry in.
+	deallocatePeek(t, func(q string, dest ...any) error { return db.QueryRowContext(ctx, q).Scan(dest...) },
+		func(q string) error { _, err := db.ExecContext(ctx, q); return err })
+	inbox2, err := dedupe.New(dedupe.SQL(db), b.inbox.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := dedupe.NewConsumer(inbox2, dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey},
+		func(ctx context.Context, tx *sql.Tx, o order) error {
+			return errors.New("the handler ran for a duplicate")
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c2.Handle(ctx, order{ID: "o-2"}); err != nil || out != dedupe.OutcomeDuplicate {
+		t.Fatalf("handle o-2 with the read of a taken key deallocated = %v, %v; want duplicate", out, err)
+	}
 	// After the ALTER, pgx's stdlib meets its own cached statements with the
 	// old result type once (0A000, which pgx then drops): that message fails
 	// and is redelivered, as a broker would.
@@ -529,6 +567,20 @@ func TestDirectRoundOverDatabaseSQLPreparesAgain(t *testing.T) {
 		if got := b.effects(t, id); got != 1 {
 			t.Fatalf("effects of %s = %d, want 1", id, got)
 		}
+	}
+}
+
+// deallocatePeek deallocates, on the server, the direct round's read of a
+// taken key (prepared on the only connection that query and exec use),
+// leaving the driver's statement cache to believe it is still there.
+func deallocatePeek(t *testing.T, query func(q string, dest ...any) error, exec func(q string) error) {
+	t.Helper()
+	var name string
+	if err := query("SELECT name FROM pg_prepared_statements WHERE name LIKE 'dedupe_%' AND statement LIKE 'SELECT state,%'", &name); err != nil {
+		t.Fatalf("the read of a taken key is not prepared on the connection: %v", err)
+	}
+	if err := exec("DEALLOCATE " + name); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -602,13 +654,23 @@ func TestDirectRoundInboxesOfOneTableShareStatements(t *testing.T) {
 // duplicate after them is read in a second round trip (after the
 // savepoint that closes the round); the duplicates after it, and the new
 // keys that follow within 64 claims, carry the peek in the round (before
-// the savepoint). Every message is classified the same way either way.
+// the savepoint). Every message is classified the same way either way, and
+// the round over database/sql (pgx's stdlib) sends the same as over pgx.
 func TestDirectRoundPeeksWithTheClaimOnlyAfterDuplicates(t *testing.T) {
 	t.Parallel()
+	for _, driver := range []string{"pgx", "database/sql"} {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			testPeeksWithTheClaimOnlyAfterDuplicates(t, driver)
+		})
+	}
+}
+
+func testPeeksWithTheClaimOnlyAfterDuplicates(t *testing.T, driver string) {
 	b := setup(t)
 	var mu sync.Mutex
 	var seen []string // "peek" and "savepoint", in the order the server ran them
-	pool, _ := faultyPool(t, b, func(ev pgproxy.Event) pgproxy.Action {
+	u, _ := dbtest.ProxyURL(t, b.db.URL, func(ev pgproxy.Event) pgproxy.Action {
 		q := strings.TrimSpace(ev.Query)
 		if ev.Runs && (strings.HasPrefix(q, "SAVEPOINT") || strings.HasPrefix(q, "SELECT state")) {
 			mu.Lock()
@@ -617,9 +679,30 @@ func TestDirectRoundPeeksWithTheClaimOnlyAfterDuplicates(t *testing.T) {
 		}
 		return pgproxy.Forward
 	})
-	c, err := dedupe.NewConsumer(newInbox(t, pool, b), dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey}, insertEffect)
-	if err != nil {
-		t.Fatal(err)
+	var h func(context.Context, order) (dedupe.Outcome, error)
+	switch driver {
+	case "pgx":
+		pool := directPoolAt(t, u, 4, nil)
+		c, err := dedupe.NewConsumer(newInbox(t, pool, b), dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey}, insertEffect)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h = c.Handle
+	default:
+		db, err := sql.Open("pgx", u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = db.Close() })
+		c, err := dedupe.NewConsumer(newInbox(t, dedupe.SQL(db), b), dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey},
+			func(ctx context.Context, tx *sql.Tx, o order) error {
+				_, err := tx.ExecContext(ctx, "INSERT INTO effects (msg_key) VALUES ($1)", o.ID)
+				return err
+			})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h = c.Handle
 	}
 	ctx := context.Background()
 	// handle handles o and returns what the server ran for it: "" (no
@@ -630,7 +713,7 @@ func TestDirectRoundPeeksWithTheClaimOnlyAfterDuplicates(t *testing.T) {
 		mu.Lock()
 		seen = seen[:0]
 		mu.Unlock()
-		if out, err := c.Handle(ctx, o); err != nil || out != want {
+		if out, err := h(ctx, o); err != nil || out != want {
 			t.Fatalf("handle %s = %v, %v; want %v", o.ID, out, err, want)
 		}
 		mu.Lock()

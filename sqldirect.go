@@ -13,9 +13,9 @@ import (
 // The direct claim round over database/sql. Over pgx's stdlib a Consumer's
 // claim follows BEGIN (which database/sql sends alone) through the
 // *pgx.Conn under the *sql.Tx: the lock timeout, the claim and the
-// savepoint in one round trip, sent as the pgx driver's direct round sends
-// them (pgxdirect.go), and the read of an existing key, the same way, only
-// after a claim that found its key taken. Where the connection is not pgx's
+// savepoint in one round trip, and the read of an existing key with them or
+// after them, sent as the pgx driver's direct round sends them
+// (pgxdirect.go, sendDirect). Where the connection is not pgx's
 // stdlib, or its configuration wants pgx's batch (a tracer, another
 // statement mode), the claim goes through SQLDB.begin as before.
 
@@ -45,13 +45,7 @@ func (d *SQLDB) claimDirect(ctx context.Context, i *Inbox, opts pgx.TxOptions, l
 		if !st.ok {
 			return errNoDirect
 		}
-		round, err = sendDirect(ctx, conn, st, i.direct, nil, args, r, false)
-		if err == nil && !round.inserted {
-			// The key exists: read it, with the round's encoded arguments
-			// and statement, rather than convert them again through
-			// database/sql.
-			err = peekDirect(ctx, conn, i.direct, args, r, round)
-		}
+		round, err = sendDirect(ctx, conn, st, i, nil, args, r)
 		if staleStatement(err) {
 			// The transaction is aborted: the statements are prepared anew
 			// on this connection by its next round, and the claim runs
