@@ -33,7 +33,9 @@ import (
 //
 // Anywhere else (a tracer, which must see every statement; another
 // statement mode, such as one chosen for PgBouncer; a type that is neither
-// pool nor connection; database/sql) the round goes through pgx's batch.
+// pool nor connection; database/sql other than over pgx's stdlib, whose
+// round sqldirect.go sends through sendDirect) the round goes through pgx's
+// batch.
 
 // pgxDirect sends direct claim rounds over a pool or a connection.
 type pgxDirect struct {
@@ -329,9 +331,9 @@ func (a *directArgs) encode(i *Inbox, r *claimReq, lockTimeout string) {
 // it: BEGIN (begin.sql), the lock timeout when set, the claim, the peek
 // (when the inbox's recent claims met duplicates: peekahead.go) and the
 // savepoint, in one round trip; a claim that found its key taken without
-// the peek reads it in a second. It returns errDirectTypes or
-// errNoDirect, having sent nothing, when the round must go through pgx
-// instead.
+// the peek reads it in a second. It returns errNoDirect, having sent
+// nothing, or errDirectTypes, having rolled back what it sent, when the
+// round must go through pgx instead.
 func (d *pgxDirect) claimDirect(ctx context.Context, i *Inbox, begin *directBegin, lockTimeout string, r *claimReq) (txConn, *claimRound, error) {
 	// Encoded before a connection is acquired: it reads Config.Clock,
 	// which may panic (a test's), and must not leave a connection behind.

@@ -110,7 +110,7 @@ func TestDirectRoundPreparesAgain(t *testing.T) {
 	// The read of a taken key goes away alone, between rounds; a new inbox
 	// (no duplicates seen: it reads a taken key after the round) meets it
 	// only after its claim found the key taken.
-	deallocatePeek(t, func(q string, dest ...any) error { return pool.QueryRow(ctx, q).Scan(dest...) },
+	preparedAgain := deallocatePeek(t, func(q string, dest ...any) error { return pool.QueryRow(ctx, q).Scan(dest...) },
 		func(q string) error { _, err := pool.Exec(ctx, q); return err })
 	c2, err := dedupe.NewConsumer(newInbox(t, pool, b), dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey}, insertEffect)
 	if err != nil {
@@ -119,6 +119,7 @@ func TestDirectRoundPreparesAgain(t *testing.T) {
 	if out, err := c2.Handle(ctx, order{ID: "o-2"}); err != nil || out != dedupe.OutcomeDuplicate {
 		t.Fatalf("handle o-2 with the read of a taken key deallocated = %v, %v; want duplicate", out, err)
 	}
+	preparedAgain()
 	// attempts becomes bigint: the prepared claim's result type changed.
 	b.db.Exec(t, "ALTER TABLE dedupe_inbox ALTER COLUMN attempts TYPE bigint")
 	handle("o-3", dedupe.OutcomeClaimed)
@@ -530,7 +531,7 @@ func TestDirectRoundOverDatabaseSQLPreparesAgain(t *testing.T) {
 	// (no duplicates seen: it reads a taken key after the round) meets it
 	// only after its claim found the key taken, in a transaction it
 	// cannot retry in.
-	deallocatePeek(t, func(q string, dest ...any) error { return db.QueryRowContext(ctx, q).Scan(dest...) },
+	preparedAgain := deallocatePeek(t, func(q string, dest ...any) error { return db.QueryRowContext(ctx, q).Scan(dest...) },
 		func(q string) error { _, err := db.ExecContext(ctx, q); return err })
 	inbox2, err := dedupe.New(dedupe.SQL(db), b.inbox.Config())
 	if err != nil {
@@ -546,6 +547,7 @@ func TestDirectRoundOverDatabaseSQLPreparesAgain(t *testing.T) {
 	if out, err := c2.Handle(ctx, order{ID: "o-2"}); err != nil || out != dedupe.OutcomeDuplicate {
 		t.Fatalf("handle o-2 with the read of a taken key deallocated = %v, %v; want duplicate", out, err)
 	}
+	preparedAgain()
 	// After the ALTER, pgx's stdlib meets its own cached statements with the
 	// old result type once (0A000, which pgx then drops): that message fails
 	// and is redelivered, as a broker would.
@@ -573,7 +575,9 @@ func TestDirectRoundOverDatabaseSQLPreparesAgain(t *testing.T) {
 // deallocatePeek deallocates, on the server, the direct round's read of a
 // taken key (prepared on the only connection that query and exec use),
 // leaving the driver's statement cache to believe it is still there.
-func deallocatePeek(t *testing.T, query func(q string, dest ...any) error, exec func(q string) error) {
+// It returns a check, for after the next duplicate, that the read was met
+// gone and prepared again.
+func deallocatePeek(t *testing.T, query func(q string, dest ...any) error, exec func(q string) error) (preparedAgain func()) {
 	t.Helper()
 	var name string
 	if err := query("SELECT name FROM pg_prepared_statements WHERE name LIKE 'dedupe_%' AND statement LIKE 'SELECT state,%'", &name); err != nil {
@@ -581,6 +585,16 @@ func deallocatePeek(t *testing.T, query func(q string, dest ...any) error, exec 
 	}
 	if err := exec("DEALLOCATE " + name); err != nil {
 		t.Fatal(err)
+	}
+	return func() {
+		t.Helper()
+		var n int
+		if err := query("SELECT count(*) FROM pg_prepared_statements WHERE name = '"+name+"'", &n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 1 {
+			t.Fatalf("the read of a taken key (%s) was not prepared again: the duplicate did not read through it", name)
+		}
 	}
 }
 

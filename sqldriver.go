@@ -30,8 +30,10 @@ import (
 // goes alone. Over pgx's stdlib the claim and the savepoint follow in one
 // round trip, through the *pgx.Conn under the transaction; over other
 // drivers (lib/pq, or pgx's stdlib wrapped by another driver) one after the
-// other, each only when needed. The read of an existing key follows only a
-// claim that found its key taken. The Relay cannot LISTEN, so it polls
+// other, each only when needed. Over pgx's stdlib the read of an existing key
+// is placed as over pgx: with the claim while the inbox's recent claims met
+// duplicates, else only after a claim that found its key taken; over other
+// drivers it follows only such a claim. The Relay cannot LISTEN, so it polls
 // (RelayConfig.PollInterval). A handler's *sql.Tx cannot be guarded: a
 // handler that commits or rolls back itself gets ErrTxEnded from Handle,
 // and its message is redelivered (and found complete if it committed).
