@@ -744,28 +744,31 @@ func testPeeksWithTheClaimOnlyAfterDuplicates(t *testing.T, driver string) {
 			return ""
 		}
 	}
+	// The steps, in order: the message, its outcome, where its peek must
+	// run ("" none), and what the step shows.
+	type step struct {
+		id         string
+		out        dedupe.Outcome
+		peek, what string
+	}
+	var steps []step
 	for k := range 3 {
-		if got := handle(order{ID: fmt.Sprintf("new-%d", k)}, dedupe.OutcomeClaimed); got != "" {
-			t.Fatalf("new key %d before any duplicate: peek %s, want none", k, got)
-		}
+		steps = append(steps, step{fmt.Sprintf("new-%d", k), dedupe.OutcomeClaimed, "", "a new key before any duplicate"})
 	}
-	if got := handle(order{ID: "new-0"}, dedupe.OutcomeDuplicate); got != "after" {
-		t.Fatalf("first duplicate: peek %q, want after", got)
-	}
-	if got := handle(order{ID: "new-1"}, dedupe.OutcomeDuplicate); got != "in round" {
-		t.Fatalf("second duplicate: peek %q, want in round", got)
-	}
+	steps = append(steps,
+		step{"new-0", dedupe.OutcomeDuplicate, "after", "the first duplicate"},
+		step{"new-1", dedupe.OutcomeDuplicate, "in round", "the second duplicate"})
 	// The 64 claims after that duplicate carry the peek; the next does not.
 	for k := range 64 {
-		if got := handle(order{ID: fmt.Sprintf("later-%d", k)}, dedupe.OutcomeClaimed); got != "in round" {
-			t.Fatalf("new key %d after a duplicate: peek %q, want in round", k, got)
+		steps = append(steps, step{fmt.Sprintf("later-%d", k), dedupe.OutcomeClaimed, "in round", "a new key within 64 claims of a duplicate"})
+	}
+	steps = append(steps,
+		step{"later-64", dedupe.OutcomeClaimed, "", "the new key 65 claims after a duplicate"},
+		step{"new-2", dedupe.OutcomeDuplicate, "after", "a duplicate after a run of new keys"})
+	for _, st := range steps {
+		if got := handle(order{ID: st.id}, st.out); got != st.peek {
+			t.Fatalf("%s (%s): peek %q, want %q", st.what, st.id, got, st.peek)
 		}
-	}
-	if got := handle(order{ID: "later-64"}, dedupe.OutcomeClaimed); got != "" {
-		t.Fatalf("new key 65 claims after a duplicate: peek %q, want none", got)
-	}
-	if got := handle(order{ID: "new-2"}, dedupe.OutcomeDuplicate); got != "after" {
-		t.Fatalf("duplicate after a run of new keys: peek %q, want after", got)
 	}
 	for _, id := range []string{"new-0", "new-1", "new-2", "later-0", "later-64"} {
 		if n := b.effects(t, id); n != 1 {
