@@ -15,10 +15,16 @@ import (
 // only for OutcomeClaimed; for every other outcome it should roll back (or
 // commit nothing of its own).
 //
-// The claim and the read of an existing key go to the server together, so
-// a new key and a duplicate each cost one round trip. A concurrent
-// transaction holding the same new key makes Claim wait until it ends. On
-// OutcomeDuplicate, Claim.Result holds the stored result.
+// A new key costs one round trip and reads nothing. Over pgx, the read of
+// an existing key goes to the server with the claim while one of the
+// inbox's recent claims found its key taken (peekahead.go), so a stream of
+// duplicates costs one round trip each; a claim that finds its key taken
+// after a run of new keys reads it in a second round trip. Over
+// database/sql the read always follows a claim that found its key taken.
+// Either way the read sees the committed row in a fresh snapshot (READ
+// COMMITTED), so the outcome is the same. A concurrent transaction holding
+// the same new key makes Claim wait until it ends. On OutcomeDuplicate,
+// Claim.Result holds the stored result.
 //
 // If tx's COMMIT fails without a reply, use Resolve to learn whether the
 // claim (and so the caller's effects) committed.
@@ -33,11 +39,28 @@ func (i *Inbox) Claim(ctx context.Context, tx Querier, key Key) (*Claim, error) 
 	b := &pgx.Batch{}
 	// The token is new: a row holding it can only be this insert's own,
 	// which the insert returns, so the read skips it (a new key reads and
-	// returns no row).
-	round := i.queueClaim(b, req, readOthers)
+	// returns no row). Run one by one (database/sql), the read is sent
+	// only when the insert found the key taken.
+	n, ahead := i.ahead.next()
+	read := readOthers
+	if !ahead && i.drv.pipelines() {
+		read = readLater
+	}
+	round := i.queueClaim(b, req, read)
 	sent := time.Now()
 	if err := sendBatch(ctx, tx, b); err != nil {
 		return nil, translate(err)
+	}
+	if !round.inserted {
+		i.ahead.found(n)
+		if read == readLater {
+			// Not this claim's row: the insert returned none.
+			rec, err := i.lookup(ctx, tx, key)
+			if err != nil && !errors.Is(err, ErrNotFound) {
+				return nil, err
+			}
+			round.rec = rec
+		}
 	}
 	c, _, err := i.settle(ctx, tx, req, round, sent)
 	return c, err
@@ -145,6 +168,10 @@ const (
 	// claim would save a duplicate no round trip against a hand-written
 	// transaction and cost every new key its statement).
 	readPeek
+	// readLater queues no read: the caller reads a key that the insert found
+	// taken after the round (Inbox.Claim over pgx, when none of the inbox's
+	// recent claims found its key taken: peekahead.go).
+	readLater
 )
 
 // queueClaim queues the claim's insert and, behind it, the read of the key,
@@ -155,7 +182,7 @@ func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq, read claimRead) *claimRoun
 		round *claimRound
 		rr    *readRound
 	)
-	if read == readPeek {
+	if read == readPeek || read == readLater {
 		round = &claimRound{}
 	} else {
 		rr = &readRound{}
@@ -170,6 +197,9 @@ func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq, read claimRead) *claimRoun
 		round.inserted = err == nil
 		return err
 	})
+	if read == readLater {
+		return round
+	}
 	if read == readPeek {
 		if !i.drv.pipelines() {
 			round.later = args // for peekAfter

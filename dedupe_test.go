@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
@@ -432,3 +435,89 @@ func TestClaimBatchRepeatsGetTheKeysOutcome(t *testing.T) {
 		t.Errorf("repeated duplicate's result = %+v, want the stored one", r)
 	}
 }
+
+// TestClaimReadsAnExistingKeyWithTheClaimOnlyAfterDuplicates: over pgx,
+// Inbox.Claim sends the read of an existing key in the claim's batch only
+// while one of the inbox's last 64 claims found its key taken; otherwise a
+// new key sends no read and a key found taken is read after the batch. Either
+// way every claim gets its outcome, a duplicate with its stored result.
+func TestClaimReadsAnExistingKeyWithTheClaimOnlyAfterDuplicates(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	reads := &readTracer{}
+	pool := directPoolAt(t, b.db.URL, 2, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = reads })
+	inbox := newInbox(t, pool, b)
+	ctx := context.Background()
+	for _, st := range peekWindowSteps() {
+		reads.reset()
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			c, err := inbox.Claim(ctx, tx, dedupe.Key{Scope: "orders", ID: st.id})
+			if err != nil {
+				return err
+			}
+			if c.Outcome != st.out || (c.Outcome == dedupe.OutcomeDuplicate && c.Result == nil) {
+				return fmt.Errorf("claim = %+v, want %v", c, st.out)
+			}
+			if c.Outcome == dedupe.OutcomeClaimed {
+				return inbox.StoreResultTx(ctx, tx, c, dedupe.Result{Status: 201})
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("%s (%s): %v", st.what, st.id, err)
+		}
+		if got := reads.where(); got != st.peek {
+			t.Fatalf("%s (%s): read %q, want %q", st.what, st.id, got, st.peek)
+		}
+	}
+}
+
+// readTracer records where the inbox's read of a key (its SQL begins with
+// "SELECT scope") ran: in a batch ("in round") or as a statement of its own
+// ("after").
+type readTracer struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func isRead(sql string) bool { return strings.HasPrefix(strings.TrimSpace(sql), "SELECT scope") }
+
+func (r *readTracer) add(where string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seen = append(r.seen, where)
+}
+
+func (r *readTracer) reset() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seen = nil
+}
+
+// where returns where the one read since reset ran, "" for none.
+func (r *readTracer) where() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return strings.Join(r.seen, ",")
+}
+
+func (r *readTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if isRead(d.SQL) {
+		r.add("after")
+	}
+	return ctx
+}
+
+func (r *readTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (r *readTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (r *readTracer) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	if isRead(d.SQL) {
+		r.add("in round")
+	}
+}
+
+func (r *readTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}

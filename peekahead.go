@@ -6,12 +6,11 @@ import "sync/atomic"
 // send the read of an existing key with the claim (peekAhead).
 const peekWindow = 64
 
-// peekAhead decides, for the direct claim round (pgxdirect.go), whether the
-// read of an existing key (the peek) goes in the claim's round trip or only
-// after a claim that found its key taken. (Inbox.Claim, httpidem's
-// transactional claim, always sends its read with the claim: a replay is
-// what an idempotency key is for, and one read after a run of new requests
-// would cost it two more round trips there.) In the round, a duplicate costs
+// peekAhead decides, for the direct claim round (pgxdirect.go) and for
+// Inbox.Claim over pgx (httpidem's transactional claim among its callers),
+// whether the read of an existing key (the peek; Inbox.Claim's reads the
+// whole row, stored result included) goes in the claim's round trip or only
+// after a claim that found its key taken. In the round, a duplicate costs
 // one round trip but every new key pays the read, an index lookup that finds
 // the row it just inserted: at 32 concurrent claims on two cores, about 6%
 // of the transaction's PostgreSQL time (pgbench, the round's statements with

@@ -744,28 +744,7 @@ func testPeeksWithTheClaimOnlyAfterDuplicates(t *testing.T, driver string) {
 			return ""
 		}
 	}
-	// The steps, in order: the message, its outcome, where its peek must
-	// run ("" none), and what the step shows.
-	type step struct {
-		id         string
-		out        dedupe.Outcome
-		peek, what string
-	}
-	var steps []step
-	for k := range 3 {
-		steps = append(steps, step{fmt.Sprintf("new-%d", k), dedupe.OutcomeClaimed, "", "a new key before any duplicate"})
-	}
-	steps = append(steps,
-		step{"new-0", dedupe.OutcomeDuplicate, "after", "the first duplicate"},
-		step{"new-1", dedupe.OutcomeDuplicate, "in round", "the second duplicate"})
-	// The 64 claims after that duplicate carry the peek; the next does not.
-	for k := range 64 {
-		steps = append(steps, step{fmt.Sprintf("later-%d", k), dedupe.OutcomeClaimed, "in round", "a new key within 64 claims of a duplicate"})
-	}
-	steps = append(steps,
-		step{"later-64", dedupe.OutcomeClaimed, "", "the new key 65 claims after a duplicate"},
-		step{"new-2", dedupe.OutcomeDuplicate, "after", "a duplicate after a run of new keys"})
-	for _, st := range steps {
+	for _, st := range peekWindowSteps() {
 		if got := handle(order{ID: st.id}, st.out); got != st.peek {
 			t.Fatalf("%s (%s): peek %q, want %q", st.what, st.id, got, st.peek)
 		}
@@ -775,4 +754,33 @@ func testPeeksWithTheClaimOnlyAfterDuplicates(t *testing.T, driver string) {
 			t.Fatalf("effects of %s = %d, want 1", id, n)
 		}
 	}
+}
+
+// peekStep is one claim of peekWindowSteps: the key, its outcome, where the
+// read of an existing key must run ("" none, "in round" with the claim,
+// "after" it) and what the step shows.
+type peekStep struct {
+	id         string
+	out        dedupe.Outcome
+	peek, what string
+}
+
+// peekWindowSteps are the claims, in order, that show where a claim reads an
+// existing key (peekahead.go): after the claim until a duplicate is met,
+// then with it for the 64 claims that follow.
+func peekWindowSteps() []peekStep {
+	var steps []peekStep
+	for k := range 3 {
+		steps = append(steps, peekStep{fmt.Sprintf("new-%d", k), dedupe.OutcomeClaimed, "", "a new key before any duplicate"})
+	}
+	steps = append(steps,
+		peekStep{"new-0", dedupe.OutcomeDuplicate, "after", "the first duplicate"},
+		peekStep{"new-1", dedupe.OutcomeDuplicate, "in round", "the second duplicate"})
+	// The 64 claims after that duplicate carry the peek; the next does not.
+	for k := range 64 {
+		steps = append(steps, peekStep{fmt.Sprintf("later-%d", k), dedupe.OutcomeClaimed, "in round", "a new key within 64 claims of a duplicate"})
+	}
+	return append(steps,
+		peekStep{"later-64", dedupe.OutcomeClaimed, "", "the new key 65 claims after a duplicate"},
+		peekStep{"new-2", dedupe.OutcomeDuplicate, "after", "a duplicate after a run of new keys"})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -20,9 +21,11 @@ const claimRetries = 3
 
 // claimTx begins the request's transaction and claims key in it
 // (transactional mode), through the backend: over pgx, BEGIN, the lock
-// timeout, the claim's insert, the read of an existing key, the lock
-// timeout's reset and the savepoint go to the server in one round trip
-// (pipelinedTx); over database/sql one after the other. A concurrent
+// timeout, the claim's insert, the lock timeout's reset and the savepoint go
+// to the server in one round trip (pipelinedTx), with the read of an
+// existing key while the inbox met duplicates recently (after a run of new
+// keys a key found taken is read in a second round trip: Inbox.Claim); over
+// database/sql one after the other. A concurrent
 // request holding the key makes the claim fail with dedupe.ErrInFlight
 // after Config.LockTimeout.
 //
@@ -49,12 +52,15 @@ func lockTimeoutSetting(d time.Duration) string {
 
 // pipelinedTx is the pgx.Tx that Inbox.Claim runs on in transactional mode.
 // The transaction does not exist when Claim starts: the first batch Claim
-// sends (its insert and the read of an existing key) goes to the server
-// inside a batch begun with pgx's Batch.BeginTx, between the statements that
-// set the lock timeout and those that restore it and take the savepoint. Any
-// statement Claim sends after that batch (a takeover of an expired lease)
-// runs under the lock timeout again, and settle then restores it and takes
-// the savepoint anew, after the claim.
+// sends (its insert, and the read of an existing key when the inbox met
+// duplicates recently) goes to the server inside a batch begun with pgx's
+// Batch.BeginTx, between the statements that set the lock timeout and those
+// that restore it and take the savepoint. A read Claim sends after that
+// batch (of a key the insert found taken) runs as it is: a plain SELECT
+// waits on no row lock, and the claim's insert already holds the table's
+// lock. A statement that may wait on a row lock (a takeover of an expired
+// lease) runs under the lock timeout again, and settle then restores it and
+// takes the savepoint anew, after the claim.
 //
 // It stands in for a core API that would begin a transaction with a claim
 // (see the package's report to the core); it relies only on Claim's
@@ -71,7 +77,7 @@ type pipelinedTx struct {
 	tx        pgx.Tx        // nil until begun
 	conn      *pgxpool.Conn // the pool's connection tx runs on, held until the request ends; nil for another pgxDB
 	pipelined bool          // the reset and the savepoint went with Claim's first batch
-	later     int           // statements Claim sent after that batch
+	relocked  bool          // the lock timeout was set again after that batch
 }
 
 // begin sends BEGIN and the lock timeout with b's statements (if b is not
@@ -119,24 +125,33 @@ func (p *pipelinedTx) end(ctx context.Context) {
 
 // next readies the transaction for a statement: it begins it (without
 // pipelining) if Claim's first statement was not a batch, and sets the lock
-// timeout again for a statement after the pipelined batch.
-func (p *pipelinedTx) next(ctx context.Context) error {
+// timeout again before the first statement after the pipelined batch that
+// may wait on a row lock (locks).
+func (p *pipelinedTx) next(ctx context.Context, locks bool) error {
 	if p.tx == nil {
 		return p.begin(ctx, nil).Close()
 	}
-	p.later++
-	if p.pipelined && p.later == 1 {
+	if p.pipelined && locks && !p.relocked {
+		p.relocked = true
 		_, err := p.tx.Exec(ctx, sqlSetLockTimeout, p.lockTimeout)
 		return err
 	}
 	return nil
 }
 
+// plainRead reports whether sql is a SELECT without a locking clause: a
+// statement that waits on no row lock.
+func plainRead(sql string) bool {
+	s := strings.ToUpper(strings.TrimSpace(sql))
+	return strings.HasPrefix(s, "SELECT") && !strings.Contains(s, " FOR ")
+}
+
 // settle is called after a successful claim: unless the reset and the
-// savepoint went with the claim and nothing followed it, it restores the
-// lock timeout and takes the savepoint now, in one round trip.
+// savepoint went with the claim and no statement that may lock followed it,
+// it restores the lock timeout and takes the savepoint now, in one round
+// trip.
 func (p *pipelinedTx) settle(ctx context.Context) error {
-	if p.pipelined && p.later == 0 {
+	if p.pipelined && !p.relocked {
 		return nil
 	}
 	sql := sqlRestoreLockTimeout
@@ -152,7 +167,7 @@ func (p *pipelinedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResu
 	if p.tx == nil {
 		return p.begin(ctx, b)
 	}
-	if err := p.next(ctx); err != nil {
+	if err := p.next(ctx, true); err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
 	return p.tx.SendBatch(ctx, b)
@@ -160,7 +175,7 @@ func (p *pipelinedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResu
 
 // Exec runs a statement in the transaction.
 func (p *pipelinedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if err := p.next(ctx); err != nil {
+	if err := p.next(ctx, true); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	return p.tx.Exec(ctx, sql, args...)
@@ -168,7 +183,7 @@ func (p *pipelinedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn
 
 // Query runs a query in the transaction.
 func (p *pipelinedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if err := p.next(ctx); err != nil {
+	if err := p.next(ctx, !plainRead(sql)); err != nil {
 		return txguard.Refused(err), err
 	}
 	return p.tx.Query(ctx, sql, args...)
@@ -176,7 +191,7 @@ func (p *pipelinedTx) Query(ctx context.Context, sql string, args ...any) (pgx.R
 
 // QueryRow runs a one-row query in the transaction.
 func (p *pipelinedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if err := p.next(ctx); err != nil {
+	if err := p.next(ctx, !plainRead(sql)); err != nil {
 		return txguard.Refused(err)
 	}
 	return p.tx.QueryRow(ctx, sql, args...)
@@ -184,7 +199,7 @@ func (p *pipelinedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx
 
 // Begin opens a savepoint in the transaction.
 func (p *pipelinedTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if err := p.next(ctx); err != nil {
+	if err := p.next(ctx, true); err != nil {
 		return nil, err
 	}
 	return p.tx.Begin(ctx)
@@ -192,7 +207,7 @@ func (p *pipelinedTx) Begin(ctx context.Context) (pgx.Tx, error) {
 
 // CopyFrom copies rows in the transaction.
 func (p *pipelinedTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if err := p.next(ctx); err != nil {
+	if err := p.next(ctx, true); err != nil {
 		return 0, err
 	}
 	return p.tx.CopyFrom(ctx, table, columns, src)
@@ -200,7 +215,7 @@ func (p *pipelinedTx) CopyFrom(ctx context.Context, table pgx.Identifier, column
 
 // Prepare prepares a statement on the transaction's connection.
 func (p *pipelinedTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if err := p.next(ctx); err != nil {
+	if err := p.next(ctx, true); err != nil {
 		return nil, err
 	}
 	return p.tx.Prepare(ctx, name, sql)

@@ -43,8 +43,9 @@ type Mode int
 const (
 	// Transactional claims the key inside the request's transaction, the one
 	// Tx returns: the claim, the handler's writes and the stored response
-	// commit together, in one transaction with one WAL flush, and BEGIN, the
-	// claim and the read of an existing key cost one round trip. A
+	// commit together, in one transaction with one WAL flush, and BEGIN and
+	// the claim cost one round trip (a replay after a run of new keys a
+	// second, for the read of the key: Inbox.Claim). A
 	// concurrent request with the same key waits for the holder at most
 	// Config.LockTimeout and then answers 409; a process that dies
 	// mid-request rolls its claim back with everything else. The default:

@@ -140,3 +140,54 @@ func TestIdemTransactionalTakeoverKeepsTheClaimOnServerError(t *testing.T) {
 		t.Fatalf("orders = %d, want 0", got)
 	}
 }
+
+// TestIdemTransactionalTakeoverWaitsAtMostTheLockTimeout: after a run of new
+// keys, a claim that finds its key taken reads it after the claim's round
+// trip, a plain read sent without the lock timeout. The takeover of an
+// expired lease that follows may wait on the row, so it runs under the lock
+// timeout again: while another transaction holds the row, the request
+// answers 409 within LockTimeout instead of waiting for that transaction,
+// and once it ended the key is taken over and handled once.
+func TestIdemTransactionalTakeoverWaitsAtMostTheLockTimeout(t *testing.T) {
+	t.Parallel()
+	b := setup(t, httpidem.Config{LockTimeout: 100 * time.Millisecond})
+	ctx := context.Background()
+	if r := b.post(t, "acme", "key-new", cart); r.status != http.StatusCreated || r.replayed {
+		t.Fatalf("new key = %d %s", r.status, r.body)
+	}
+	key := dedupe.Key{Scope: "acme", ID: "key-row-held"}
+	if held, err := b.mw.Inbox().Begin(ctx, key); err != nil || held.Outcome != dedupe.OutcomeClaimed {
+		t.Fatalf("leased claim = %+v, %v", held, err)
+	}
+	b.clock.Advance(httpidem.DefaultLease + time.Second) // its holder died
+	locker, err := b.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(ctx) //nolint:errcheck // ended below
+	if _, err := locker.Exec(ctx, `SELECT 1 FROM `+httpidem.DefaultTable+` WHERE scope = $1 AND key = $2 FOR UPDATE`,
+		key.Scope, key.ID); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan reply, 1)
+	go func() { done <- b.post(t, "acme", key.ID, cart) }()
+	select {
+	case r := <-done:
+		if r.status != http.StatusConflict || r.header.Get("Retry-After") == "" {
+			t.Fatalf("takeover while another transaction holds the row = %d %s, want 409 with Retry-After", r.status, r.body)
+		}
+	case <-time.After(60 * time.Second):
+		_ = locker.Rollback(ctx)
+		<-done
+		t.Fatal("the takeover waited for the transaction holding the row, not the lock timeout")
+	}
+	if err := locker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := b.post(t, "acme", key.ID, cart); r.status != http.StatusCreated || r.replayed {
+		t.Fatalf("takeover after the row was released = %d replayed=%v %s, want a fresh 201", r.status, r.replayed, r.body)
+	}
+	if got := b.calls.Load(); got != 2 {
+		t.Fatalf("handler ran %d times, want 2 (the new key, the takeover)", got)
+	}
+}
