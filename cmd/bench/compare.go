@@ -170,6 +170,7 @@ func (rep *report) runComparisons(ctx context.Context, b *bench, section string,
 		}
 		var all []*compared
 		for _, w := range o.workers {
+			b.quiesce(ctx, log)
 			row, err := rep.interleave(ctx, c, w, c.lib.op != nil, log, func(s *side, round int, d time.Duration) (*sample, error) {
 				return rep.runSide(ctx, b, c, s, w, round, d)
 			})
