@@ -15,11 +15,11 @@ import (
 // only for OutcomeClaimed; for every other outcome it should roll back (or
 // commit nothing of its own).
 //
-// A new key costs one round trip and reads nothing. Over pgx, the read of
-// an existing key goes to the server with the claim while one of the
-// inbox's recent claims found its key taken (peekahead.go), so a stream of
-// duplicates costs one round trip each; a claim that finds its key taken
-// after a run of new keys reads it in a second round trip. Over
+// A claim costs one round trip. Over pgx, the read of an existing key goes
+// to the server with the claim while one of the inbox's recent claims found
+// its key taken (peekahead.go), so a stream of duplicates costs one round
+// trip each; after a run of new keys a new key sends no read, and a claim
+// that finds its key taken reads it in a second round trip. Over
 // database/sql the read always follows a claim that found its key taken.
 // Either way the read sees the committed row in a fresh snapshot (READ
 // COMMITTED), so the outcome is the same. A concurrent transaction holding

@@ -439,8 +439,9 @@ func TestClaimBatchRepeatsGetTheKeysOutcome(t *testing.T) {
 // TestClaimReadsAnExistingKeyWithTheClaimOnlyAfterDuplicates: over pgx,
 // Inbox.Claim sends the read of an existing key in the claim's batch only
 // while one of the inbox's last 64 claims found its key taken; otherwise a
-// new key sends no read and a key found taken is read after the batch. Either
-// way every claim gets its outcome, a duplicate with its stored result.
+// new key sends no read and a key found taken is read after the batch, by
+// that read alone (no takeover statement). Either way every claim gets its
+// outcome, a duplicate with its stored result.
 func TestClaimReadsAnExistingKeyWithTheClaimOnlyAfterDuplicates(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -455,11 +456,14 @@ func TestClaimReadsAnExistingKeyWithTheClaimOnlyAfterDuplicates(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			if c.Outcome != st.out || (c.Outcome == dedupe.OutcomeDuplicate && c.Result == nil) {
+			if c.Outcome != st.out {
 				return fmt.Errorf("claim = %+v, want %v", c, st.out)
 			}
 			if c.Outcome == dedupe.OutcomeClaimed {
-				return inbox.StoreResultTx(ctx, tx, c, dedupe.Result{Status: 201})
+				return inbox.StoreResultTx(ctx, tx, c, dedupe.Result{Status: 201, Body: []byte(st.id)})
+			}
+			if c.Result.Status != 201 || string(c.Result.Body) != st.id {
+				return fmt.Errorf("duplicate's result = %d %q, want 201 %q", c.Result.Status, c.Result.Body, st.id)
 			}
 			return nil
 		})
@@ -474,7 +478,7 @@ func TestClaimReadsAnExistingKeyWithTheClaimOnlyAfterDuplicates(t *testing.T) {
 
 // readTracer records where the inbox's read of a key (its SQL begins with
 // "SELECT scope") ran: in a batch ("in round") or as a statement of its own
-// ("after").
+// ("after"); and any INSERT sent on its own ("insert after": a takeover).
 type readTracer struct {
 	mu   sync.Mutex
 	seen []string
@@ -502,8 +506,11 @@ func (r *readTracer) where() string {
 }
 
 func (r *readTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if isRead(d.SQL) {
+	switch {
+	case isRead(d.SQL):
 		r.add("after")
+	case strings.HasPrefix(strings.TrimSpace(d.SQL), "INSERT"):
+		r.add("insert after")
 	}
 	return ctx
 }
@@ -521,3 +528,67 @@ func (r *readTracer) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.Trace
 }
 
 func (r *readTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// TestClaimConcurrentDuplicatesAtEveryIsolationLevel: deliveries of one key
+// claimed at the same instant, on an inbox that has met no duplicate yet (so
+// the claims that find the key taken read it after their batch), in READ
+// COMMITTED, REPEATABLE READ and SERIALIZABLE transactions: exactly one
+// effect, one claim, and every other delivery a duplicate with the stored
+// result, after retrying the serialization failures the stricter levels
+// raise (ErrRetryable).
+func TestClaimConcurrentDuplicatesAtEveryIsolationLevel(t *testing.T) {
+	t.Parallel()
+	for _, iso := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable} {
+		t.Run(string(iso), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			inbox := newInbox(t, b.db.Pool, b)
+			ctx := context.Background()
+			key := dedupe.Key{Scope: "orders", ID: "o-iso"}
+			const n, tries = 8, 20
+			outcomes := make([]dedupe.Outcome, n)
+			errs := make([]error, n)
+			together(n, func(i int) {
+				for try := 0; try < tries; try++ {
+					errs[i] = pgx.BeginTxFunc(ctx, b.db.Pool, pgx.TxOptions{IsoLevel: iso}, func(tx pgx.Tx) error {
+						c, err := inbox.Claim(ctx, tx, key)
+						if err != nil {
+							return err
+						}
+						outcomes[i] = c.Outcome
+						switch c.Outcome {
+						case dedupe.OutcomeClaimed:
+							if _, err := tx.Exec(ctx, "INSERT INTO effects (msg_key) VALUES ($1)", key.ID); err != nil {
+								return err
+							}
+							return inbox.StoreResultTx(ctx, tx, c, dedupe.Result{Status: 201, Body: []byte("done")})
+						case dedupe.OutcomeDuplicate:
+							if c.Result.Status != 201 || string(c.Result.Body) != "done" {
+								return fmt.Errorf("duplicate's result = %d %q, want 201 \"done\"", c.Result.Status, c.Result.Body)
+							}
+						}
+						return nil
+					})
+					if !errors.Is(errs[i], dedupe.ErrRetryable) {
+						return
+					}
+				}
+			})
+			claimed, dups := 0, 0
+			for i := range n {
+				if errs[i] != nil {
+					t.Fatalf("delivery %d: %v", i, errs[i])
+				}
+				switch outcomes[i] {
+				case dedupe.OutcomeClaimed:
+					claimed++
+				case dedupe.OutcomeDuplicate:
+					dups++
+				}
+			}
+			if claimed != 1 || dups != n-1 || b.effects(t, key.ID) != 1 {
+				t.Fatalf("claimed %d, duplicates %d, effects %d; want 1, %d, 1 (outcomes %v)", claimed, dups, b.effects(t, key.ID), n-1, outcomes)
+			}
+		})
+	}
+}

@@ -31,7 +31,8 @@ type peekAhead struct {
 func (p *peekAhead) next() (uint64, bool) {
 	n := p.seq.Add(1)
 	t := p.taken.Load()
-	return n, t != 0 && n-t <= peekWindow
+	// t > n: a claim that began after this one found its key taken first.
+	return n, t != 0 && (t >= n || n-t <= peekWindow)
 }
 
 // found records that claim n found its key taken.

@@ -57,8 +57,8 @@ func lockTimeoutSetting(d time.Duration) string {
 // Batch.BeginTx, between the statements that set the lock timeout and those
 // that restore it and take the savepoint. A read Claim sends after that
 // batch (of a key the insert found taken) runs as it is: a plain SELECT
-// waits on no row lock, and the claim's insert already holds the table's
-// lock. A statement that may wait on a row lock (a takeover of an expired
+// (plainRead) waits on no row lock, so not on a request that holds the key.
+// A statement that may wait on a row lock (a takeover of an expired
 // lease) runs under the lock timeout again, and settle then restores it and
 // takes the savepoint anew, after the claim.
 //
@@ -139,11 +139,22 @@ func (p *pipelinedTx) next(ctx context.Context, locks bool) error {
 	return nil
 }
 
-// plainRead reports whether sql is a SELECT without a locking clause: a
-// statement that waits on no row lock.
+// plainRead reports whether sql is a single SELECT without a locking clause
+// and without an advisory lock: a statement that waits on no lock. It is
+// deliberately narrow (the core's read of a key is such a statement);
+// anything else counts as a statement that may lock, which only costs it the
+// lock timeout's round trip.
 func plainRead(sql string) bool {
-	s := strings.ToUpper(strings.TrimSpace(sql))
-	return strings.HasPrefix(s, "SELECT") && !strings.Contains(s, " FOR ")
+	words := strings.Fields(sql)
+	if len(words) == 0 || !strings.EqualFold(words[0], "SELECT") || strings.Contains(sql, ";") {
+		return false
+	}
+	for _, w := range words {
+		if strings.EqualFold(w, "FOR") || strings.Contains(strings.ToLower(w), "advisory") {
+			return false
+		}
+	}
+	return true
 }
 
 // settle is called after a successful claim: unless the reset and the

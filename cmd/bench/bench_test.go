@@ -115,7 +115,9 @@ func TestBenchTinyRunReportsEveryRow(t *testing.T) {
 	// recent claims found their keys taken), then ROLLBACK. A new HTTP
 	// request costs BEGIN+claim, the order, and the stored response with
 	// COMMIT (one pipeline) against BEGIN, claim, order, store, COMMIT; a
-	// replay the pipeline and ROLLBACK against BEGIN, claim, read, COMMIT.
+	// replay in a stream of replays (as the probe's, after the row's) the
+	// pipeline with the read and ROLLBACK against BEGIN, claim, read,
+	// COMMIT.
 	for name, want := range map[string]string{
 		"httpidem, new request":                        "3.00 / 5.00",
 		"httpidem, replay":                             "2.00 / 4.00",

@@ -26,7 +26,11 @@ func (b *bench) quiesce(ctx context.Context, log io.Writer) {
 	for {
 		var workers int
 		err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'`).Scan(&workers)
-		if err != nil || workers == 0 || ctx.Err() != nil {
+		if err != nil {
+			fmt.Fprintf(log, "bench: counting autovacuum workers before the row: %v\n", err)
+			return
+		}
+		if workers == 0 || ctx.Err() != nil {
 			return
 		}
 		if time.Now().After(deadline) {
