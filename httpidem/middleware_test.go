@@ -778,28 +778,24 @@ func TestHotPathCost(t *testing.T) {
 			}
 			b.handler = mw.Handler(http.HandlerFunc(b.createOrder))
 
-			if r := b.post(t, "acme", "key-cost", cart); r.status != http.StatusCreated || r.replayed {
-				t.Fatalf("first = %d replayed=%v %s", r.status, r.replayed, r.body)
-			}
-			if rt, bg, c := db.counts(); rt != tc.newTrips || bg != tc.newBegins || c != tc.newCommits {
-				t.Fatalf("new key: %d round trips, %d transactions, %d commits; want %d, %d, %d",
-					rt, bg, c, tc.newTrips, tc.newBegins, tc.newCommits)
-			}
-			db.reset()
-			if r := b.post(t, "acme", "key-cost", cart); r.status != http.StatusCreated || !r.replayed {
-				t.Fatalf("replay = %d replayed=%v", r.status, r.replayed)
-			}
-			if rt, bg, c := db.counts(); rt != tc.replayTrips || bg != tc.replayBegins || c != tc.replayCs {
-				t.Fatalf("replay: %d round trips, %d transactions, %d commits; want %d, %d, %d",
-					rt, bg, c, tc.replayTrips, tc.replayBegins, tc.replayCs)
-			}
-			db.reset()
-			if r := b.post(t, "acme", "key-cost", cart); r.status != http.StatusCreated || !r.replayed {
-				t.Fatalf("second replay = %d replayed=%v", r.status, r.replayed)
-			}
-			if rt, bg, c := db.counts(); rt != tc.againTrips || bg != tc.replayBegins || c != tc.replayCs {
-				t.Fatalf("second replay: %d round trips, %d transactions, %d commits; want %d, %d, %d",
-					rt, bg, c, tc.againTrips, tc.replayBegins, tc.replayCs)
+			// The same key three times: new, then replayed twice.
+			for _, req := range []struct {
+				name                  string
+				replayed              bool
+				trips, begins, commit int64
+			}{
+				{"new key", false, tc.newTrips, tc.newBegins, tc.newCommits},
+				{"replay", true, tc.replayTrips, tc.replayBegins, tc.replayCs},
+				{"second replay", true, tc.againTrips, tc.replayBegins, tc.replayCs},
+			} {
+				db.reset()
+				if r := b.post(t, "acme", "key-cost", cart); r.status != http.StatusCreated || r.replayed != req.replayed {
+					t.Fatalf("%s = %d replayed=%v %s", req.name, r.status, r.replayed, r.body)
+				}
+				if rt, bg, c := db.counts(); rt != req.trips || bg != req.begins || c != req.commit {
+					t.Fatalf("%s: %d round trips, %d transactions, %d commits; want %d, %d, %d",
+						req.name, rt, bg, c, req.trips, req.begins, req.commit)
+				}
 			}
 		})
 	}
