@@ -69,9 +69,12 @@ func TestBenchTinyRunReportsEveryRow(t *testing.T) {
 	t.Logf("%v\n%s", time.Since(start), out)
 	tables := mdTables(out)
 	rows := map[string]int{}
-	for _, title := range []string{titleCore, titleTransport} {
+	for _, title := range []string{titleCore, titleReference, titleTransport} {
 		for _, cells := range tableOf(t, tables, title) {
 			name := strings.TrimSuffix(cells[0], " (price of dedup)")
+			if ref := name != cells[0]; ref != (title == titleReference) {
+				t.Errorf("row %q in the table %q: a reference row goes in its own table, and only there", cells[0], title)
+			}
 			rows[name]++
 			for i, col := range []int{3, 4} {
 				if tp, err := strconv.ParseFloat(cells[col], 64); err != nil || tp <= 0 {
