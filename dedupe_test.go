@@ -480,6 +480,7 @@ func TestClaimReadsAnExistingKeyWithTheClaimOnlyAfterDuplicates(t *testing.T) {
 // "SELECT scope") ran: in a batch ("in round") or as a statement of its own
 // ("after"); and any INSERT sent on its own ("insert after": a takeover).
 type readTracer struct {
+	dbtest.NopTracer
 	mu   sync.Mutex
 	seen []string
 }
@@ -515,19 +516,11 @@ func (r *readTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tra
 	return ctx
 }
 
-func (r *readTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (r *readTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	return ctx
-}
-
 func (r *readTracer) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
 	if isRead(d.SQL) {
 		r.add("in round")
 	}
 }
-
-func (r *readTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // TestClaimConcurrentDuplicatesAtEveryIsolationLevel: deliveries of one key
 // claimed at the same instant, on an inbox that has met no duplicate yet (so
