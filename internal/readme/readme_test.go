@@ -23,7 +23,7 @@ var notRun = map[string]string{
 }
 
 // TestREADMEBlocksRun runs every script of testdata/readme: each holds one
-// shell block of README.md, word for word (TestREADMEBlocksCovered checks
+// shell block of README.md or docs/*.md, word for word (TestREADMEBlocksCovered checks
 // that), and runs it with bash in a copy of the repository, with a schema
 // of its own in DATABASE_URL and free ports in NATS_URL, KAFKA_BROKERS and
 // ADDR, then checks what it printed and wrote. (Each copy compiles the
@@ -69,16 +69,28 @@ func TestREADMEBlocksRun(t *testing.T) {
 	})
 }
 
-// TestREADMEBlocksCovered keeps the scripts and README.md in step: every
-// sh block of the README is a .sh file of exactly one script, word for
-// word, unless notRun says why not; every plain (output) block is a .out
-// file of a script; and every .sh and .out file of the scripts is still in
-// the README.
-func TestREADMEBlocksCovered(t *testing.T) {
-	readme, err := os.ReadFile(filepath.Join(repoRoot(t), "README.md"))
-	if err != nil {
-		t.Fatal(err)
+// docFiles are the Markdown files whose shell blocks run: README.md and
+// docs/*.md, relative to the repository root.
+func docFiles(t *testing.T, root string) []string {
+	t.Helper()
+	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil || len(docs) == 0 {
+		t.Fatalf("no docs/*.md under %s (%v)", root, err)
 	}
+	files := []string{"README.md"}
+	for _, d := range docs {
+		files = append(files, filepath.Join("docs", filepath.Base(d)))
+	}
+	return files
+}
+
+// TestREADMEBlocksCovered keeps the scripts, README.md and docs/*.md in
+// step: every sh block of those files is a .sh file of exactly one script,
+// word for word, unless notRun says why not; every plain (output) block is
+// a .out file of a script; and every .sh and .out file of the scripts is
+// still in one of them.
+func TestREADMEBlocksCovered(t *testing.T) {
+	root := repoRoot(t)
 	scripts, err := filepath.Glob("testdata/readme/*.txtar")
 	if err != nil || len(scripts) == 0 {
 		t.Fatalf("no scripts in testdata/readme (%v)", err)
@@ -96,32 +108,40 @@ func TestREADMEBlocksCovered(t *testing.T) {
 		}
 	}
 	used := map[string]bool{}
-	for _, b := range fencedBlocks(string(readme)) {
-		if b.lang != "sh" && b.lang != "" {
-			continue
+	var all strings.Builder
+	for _, doc := range docFiles(t, root) {
+		text, err := os.ReadFile(filepath.Join(root, doc))
+		if err != nil {
+			t.Fatal(err)
 		}
-		if why := skipped(b.text); why != "" && b.lang == "sh" {
-			t.Logf("README.md:%d not run: %s", b.line, why)
-			continue
+		all.Write(text)
+		for _, b := range fencedBlocks(string(text)) {
+			if b.lang != "sh" && b.lang != "" {
+				continue
+			}
+			if why := skipped(b.text); why != "" && b.lang == "sh" {
+				t.Logf("%s:%d not run: %s", doc, b.line, why)
+				continue
+			}
+			in := files[b.text]
+			switch {
+			case len(in) == 0:
+				t.Errorf("%s:%d: this %q block is in no script of testdata/readme (copy it word for word into a .sh or .out file of one, or list it in notRun with the reason):\n%s",
+					doc, b.line, b.lang, b.text)
+			case len(in) > 1:
+				t.Errorf("%s:%d: block is in several scripts: %v", doc, b.line, in)
+			}
+			used[b.text] = true
 		}
-		in := files[b.text]
-		switch {
-		case len(in) == 0:
-			t.Errorf("README.md:%d: this %q block is in no script of testdata/readme (copy it word for word into a .sh or .out file of one, or list it in notRun with the reason):\n%s",
-				b.line, b.lang, b.text)
-		case len(in) > 1:
-			t.Errorf("README.md:%d: block is in several scripts: %v", b.line, in)
-		}
-		used[b.text] = true
 	}
 	for text, in := range files {
 		if !used[text] {
-			t.Errorf("%v: not a block of README.md any more (update it from the README, or remove it):\n%s", in, text)
+			t.Errorf("%v: not a block of README.md or docs/*.md any more (update it from there, or remove it):\n%s", in, text)
 		}
 	}
 	for line := range notRun {
-		if !strings.Contains(string(readme), line) {
-			t.Errorf("notRun names %q, which README.md no longer holds", line)
+		if !strings.Contains(all.String(), line) {
+			t.Errorf("notRun names %q, which neither README.md nor docs/*.md holds any more", line)
 		}
 	}
 }
