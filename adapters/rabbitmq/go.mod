@@ -1,0 +1,13 @@
+module github.com/exactlyonce/dedupe/adapters/rabbitmq
+
+go 1.26.0
+
+replace github.com/exactlyonce/dedupe => ../..
+
+require (
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/pgx/v5 v5.13.0 // indirect
+	github.com/rabbitmq/amqp091-go v1.17.0 // indirect
+	golang.org/x/text v0.41.0 // indirect
+)
