@@ -2,4 +2,4 @@ module github.com/exactlyonce/dedupe/internal/amqptest
 
 go 1.26.0
 
-require github.com/rabbitmq/amqp091-go v1.17.0 // indirect
+require github.com/rabbitmq/amqp091-go v1.17.0

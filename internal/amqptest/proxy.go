@@ -1,6 +1,8 @@
 package amqptest
 
 import (
+	"bufio"
+	"encoding/binary"
 	"io"
 	"net"
 	"strings"
@@ -12,12 +14,13 @@ import (
 // Proxy is a TCP proxy in front of the broker: Cut closes every connection
 // through it at once, as a broker restart, a network failure or a killed
 // client process would (the broker sees the client vanish and requeues its
-// unacknowledged deliveries). Hold stops passing the client's bytes on (its
-// acks never reach the broker) until Cut.
+// unacknowledged deliveries). Hold leaves out the clients' basic.ack frames
+// (their acks never reach the broker) until Cut.
 type Proxy struct {
-	ln     net.Listener
-	target string
-	cuts   atomic.Int64
+	ln       net.Listener
+	target   string
+	cuts     atomic.Int64
+	heldAcks atomic.Int64
 
 	mu    sync.Mutex
 	held  bool
@@ -64,8 +67,7 @@ func (p *Proxy) URL() string {
 // Cuts returns how many times Cut closed connections.
 func (p *Proxy) Cuts() int64 { return p.cuts.Load() }
 
-// Hold stops forwarding what clients send (their acks are held) until the
-// next Cut.
+// Hold leaves out the basic.ack frames clients send until the next Cut.
 func (p *Proxy) Hold() {
 	p.mu.Lock()
 	p.held = true
@@ -113,28 +115,48 @@ func (p *Proxy) accept() {
 			delete(p.conns, s)
 			p.mu.Unlock()
 		}
-		p.wg.Go(func() { defer done(); p.copy(s, c, true) })
+		p.wg.Go(func() { defer done(); p.copy(s, c) })
 		p.wg.Go(func() { defer done(); _, _ = io.Copy(c, s) })
 	}
 }
 
-// copy passes client bytes on to the broker, dropping them while held.
-func (p *Proxy) copy(dst io.Writer, src io.Reader, client bool) {
-	buf := make([]byte, 32<<10)
+// copy passes the client's bytes on to the broker frame by frame, leaving
+// out basic.ack frames while acks are held.
+func (p *Proxy) copy(dst io.Writer, src io.Reader) {
+	r := bufio.NewReaderSize(src, 64<<10)
+	header := make([]byte, 8) // "AMQP" 0 0 9 1
+	if _, err := io.ReadFull(r, header); err != nil {
+		return
+	}
+	if _, err := dst.Write(header); err != nil {
+		return
+	}
 	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			p.mu.Lock()
-			held := client && p.held
-			p.mu.Unlock()
-			if !held {
-				if _, werr := dst.Write(buf[:n]); werr != nil {
-					return
-				}
-			}
+		// A frame: type (1), channel (2), size (4), payload, frame-end.
+		head := make([]byte, 7)
+		if _, err := io.ReadFull(r, head); err != nil {
+			return
 		}
-		if err != nil {
+		size := binary.BigEndian.Uint32(head[3:])
+		frame := make([]byte, 7+int(size)+1)
+		copy(frame, head)
+		if _, err := io.ReadFull(r, frame[7:]); err != nil {
+			return
+		}
+		p.mu.Lock()
+		held := p.held
+		p.mu.Unlock()
+		const methodFrame, basicClass, ackMethod = 1, 60, 80
+		if held && head[0] == methodFrame && size >= 4 &&
+			binary.BigEndian.Uint16(frame[7:]) == basicClass && binary.BigEndian.Uint16(frame[9:]) == ackMethod {
+			p.heldAcks.Add(1)
+			continue
+		}
+		if _, err := dst.Write(frame); err != nil {
 			return
 		}
 	}
 }
+
+// HeldAcks returns how many basic.ack frames the proxy left out.
+func (p *Proxy) HeldAcks() int64 { return p.heldAcks.Load() }
