@@ -110,10 +110,23 @@ const BodyOmittedHeader = "Idempotent-Body-Omitted"
 // Config configures the Middleware. The zero value is usable.
 type Config struct {
 	// Inbox configures the table that stores the keys. Its Table defaults
-	// to "dedupe_http_keys", its Lease (in leased mode, how long an
-	// in-flight key blocks retries; in both modes, how long the handler may
-	// run) to 90s, its Retention (how long a key is replayed) to 24h and
-	// its MaxAttempts to no limit; its other fields default as in dedupe.
+	// to "dedupe_http_keys", its Lease to 90s, its Retention (how long a
+	// key is replayed) to 24h and its MaxAttempts to no limit; its other
+	// fields default as in dedupe.
+	//
+	// The Lease bounds the handler in both modes: its context ends Lease
+	// after the claim. A handler that returns after that (or after its
+	// client went away) is not stored, whatever it answered: its work is
+	// rolled back, the key released, and its client gets a retryable 503
+	// (ErrRolledBack) rather than a success it wrote. In leased mode the
+	// Lease is also how long a request whose process died blocks its key:
+	// once the lease passed in the database, a retry takes the key over,
+	// and the first request's completion is refused (its work rolled back,
+	// ErrLeaseLost or ErrRolledBack answered). Size it above the handler's
+	// slowest run, the commit included (its p99.9 with a margin of 2–3×),
+	// and below how long a client may wait for a key held by a crashed
+	// request; make the handler's steps honour its context, so that one cut
+	// short stops at the lease instead of running on unseen.
 	Inbox dedupe.Config
 	// Mode is how the key is held while the handler runs. Defaults to
 	// Transactional; override per route with Middleware.Leased and

@@ -52,6 +52,14 @@ var (
 	// with the same key, and a committed request answers with its stored
 	// response. It matches dedupe.ErrOutcomeUnknown.
 	ErrOutcomeUnknown = errors.New("httpidem: the request may or may not have been committed; retry with the same key")
+	// ErrRolledBack (503, with Retry-After): the handler's work was rolled
+	// back and nothing was stored with the key, although the handler may
+	// have answered a success: its context ended before it returned (the
+	// client went away, or it ran past Config.Inbox.Lease, see Config), or
+	// it wrote an error status after a success status (it failed after it
+	// had begun to answer). The key is free: retry with the same key, and
+	// the operation executes again.
+	ErrRolledBack = errors.New("httpidem: the request's work was rolled back; retry with the same key")
 	// ErrTxManaged: a handler called Commit or Rollback on the transaction
 	// from Tx; the middleware ends it. The refusal matches
 	// dedupe.ErrTxOwned too.
@@ -147,6 +155,7 @@ var statusOf = []struct {
 	{ErrKeyFailed, http.StatusUnprocessableEntity},
 	{ErrStore, http.StatusServiceUnavailable},
 	{ErrOutcomeUnknown, http.StatusServiceUnavailable},
+	{ErrRolledBack, http.StatusServiceUnavailable},
 	{ErrTxEnded, http.StatusInternalServerError},
 	{ErrPreconditionRequired, http.StatusPreconditionRequired},
 	{ErrPreconditionFailed, http.StatusPreconditionFailed},

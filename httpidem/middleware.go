@@ -22,9 +22,13 @@
 // transaction, if it opens one, commits with the stored response.
 //
 // In both modes a 5xx answer or a panic rolls the handler's work back and
-// stores the error response (see ServerErrorPolicy); a response written
-// after the request's context ended (the client went away) is not stored
-// and the key is released. A COMMIT whose reply was lost is resolved on a
+// stores the error response (see ServerErrorPolicy). A client is never
+// answered a success for work that did not commit: a handler that returns
+// after its context ended (the client went away, or it ran past the lease,
+// see Config.Inbox), or that writes an error status after a success status,
+// is not stored, whatever it answered; its work is rolled back, the key is
+// released, and the client gets a retryable 503 with Retry-After
+// (ErrRolledBack) in place of a success. A COMMIT whose reply was lost is resolved on a
 // fresh connection: a committed request answers with its response, one that
 // did not commit or cannot be resolved answers 503 (retryable), never
 // claiming that the work was rolled back when it may not have been. Keys are
@@ -335,16 +339,35 @@ func (m *Middleware) settle(s *settlement, w http.ResponseWriter, r *http.Reques
 		WriteError(rec, r, panicked)
 		return s.serverError(w, rec, panicked, late || ctx.Err() != nil)
 	case late:
-		// The response was decided after the request's context ended (the
-		// client went away, or the lease ran out): it is an artefact of the
-		// cancellation, not the operation's answer. Not stored; the retry
-		// executes.
+		// The handler returned after its context ended (the client went
+		// away, or the lease ran out): its work may have been cut short,
+		// and whatever it answered is an artefact of the cancellation, not
+		// the operation's answer. Rolled back and not stored; the retry
+		// executes. A success is never answered for work rolled back.
 		if !s.abandon(context.Cause(ctx)) {
 			return false
 		}
-		s.logger().InfoContext(s.ctx, "httpidem: response written after the request context ended; not stored, key released",
-			"status", rec.statusCode())
-		rec.writeTo(w)
+		s.logger().InfoContext(s.ctx, "httpidem: the handler returned after the request context ended; its work was rolled back, not stored, key released",
+			"status", rec.statusCode(), "cause", context.Cause(ctx))
+		if rec.statusCode() >= 400 && rec.failed == 0 {
+			rec.writeTo(w) // an error, as it is: nothing to take back
+			return true
+		}
+		m.refuse(w, r, &Error{Status: http.StatusServiceUnavailable, Err: ErrRolledBack, RetryAfter: 1,
+			Detail: "the request's context ended before its handler returned; nothing was committed", Cause: context.Cause(ctx)})
+		return true
+	case rec.failed != 0:
+		// The handler wrote an error status after a success status: it
+		// failed after it had begun to answer. Neither status is an answer
+		// to store; its work is rolled back and the key released.
+		cause := fmt.Errorf("handler answered %d after %d", rec.failed, rec.statusCode())
+		if !s.abandon(cause) {
+			return false
+		}
+		s.logger().WarnContext(s.ctx, "httpidem: the handler answered an error after a success status; its work was rolled back, key released",
+			"status", rec.statusCode(), "then", rec.failed)
+		m.refuse(w, r, &Error{Status: http.StatusServiceUnavailable, Err: ErrRolledBack, RetryAfter: 1,
+			Detail: "the handler failed after it had begun to answer; nothing was committed", Cause: cause})
 		return true
 	case rec.statusCode() >= 500:
 		return s.serverError(w, rec, fmt.Errorf("handler answered %d", rec.statusCode()), ctx.Err() != nil)

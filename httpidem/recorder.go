@@ -14,10 +14,13 @@ import (
 //
 // Streaming (Flush) and Hijack are not supported on idempotent routes.
 type recorder struct {
-	ctx      context.Context // the handler's: a response decided after it ended is late
-	late     bool
-	header   http.Header
-	status   int
+	ctx    context.Context // the handler's: a handler that returns after it ended is late
+	header http.Header
+	status int
+	// failed is an error status (4xx, 5xx) the handler wrote after it had
+	// written a success (below 400): it failed after it had started to
+	// answer, and the recorded status is not its answer.
+	failed   int
 	body     bytes.Buffer
 	limit    int
 	keepAll  bool // OversizeStoreHead: buffer past limit for this client
@@ -33,22 +36,23 @@ func (r *recorder) Header() http.Header { return r.header }
 
 // WriteHeader records the status code of the buffered response.
 func (r *recorder) WriteHeader(status int) {
-	if r.status != 0 || status < 200 {
+	if status < 200 {
 		return // informational responses are not recorded
 	}
-	r.status = status
-	r.late = r.ctx.Err() != nil
+	if r.status == 0 {
+		r.status = status
+		return
+	}
+	if r.status < 400 && status >= 400 && r.failed == 0 {
+		r.failed = status
+	}
 }
 
-// finish is called when the handler returned; a handler that wrote nothing
-// answers 200 now. It reports whether the response's status was decided
-// after the handler's context ended.
-func (r *recorder) finish() bool {
-	if r.status == 0 {
-		r.late = r.ctx.Err() != nil
-	}
-	return r.late
-}
+// finish is called when the handler returned. It reports whether the
+// handler's context had ended by then (the client went away, or the lease
+// ran out): whatever the handler answered, its work may have been cut
+// short, and it is not stored.
+func (r *recorder) finish() bool { return r.ctx.Err() != nil }
 
 // Write appends to the buffered response body.
 func (r *recorder) Write(p []byte) (int, error) {
