@@ -36,6 +36,14 @@
 //     byte-identical bodies are then one event, within the inbox's
 //     retention; see NewGitHub for the trade-off.
 //
+// One signed event is one key: an id in a JSON body is read by its exact
+// field name (never a field that differs in case, as encoding/json's
+// decoding into a struct would match), and a body whose id field is
+// repeated, or whose id is not valid UTF-8 (invalid bytes, or a lone
+// surrogate escape, which encoding/json would turn into U+FFFD so that two
+// events shared one key), is refused with 400 and an *EventError naming the
+// field and the reason.
+//
 // A processed event and a duplicate both get 200, so the provider stops. A
 // failed handler gets 500 and rolls back with its claim, so the provider's
 // retry runs it again. A duplicate that arrives while the first delivery is

@@ -257,9 +257,12 @@ func (v *HMACVerifier) Verify(header http.Header, body []byte, now time.Time) (E
 		if field == "" {
 			field = "id"
 		}
-		id, ok := jsonField(body, field)
-		if !ok || id == "" {
-			return Event{}, &EventError{Provider: v.name(), Field: field, Reason: "missing or not a string in the JSON body"}
+		id, err := jsonID(body, field)
+		if err == nil && id == "" {
+			err = errMissing
+		}
+		if err != nil {
+			return Event{}, fieldRefusal(v.name(), field, err)
 		}
 		ev.ID = id
 	}
@@ -267,7 +270,7 @@ func (v *HMACVerifier) Verify(header http.Header, body []byte, now time.Time) (E
 	if v.TypeHeader != "" {
 		ev.Type = strings.TrimSpace(header.Get(v.TypeHeader))
 	} else if v.TypeField != "" {
-		ev.Type, _ = jsonField(body, v.TypeField)
+		ev.Type, _ = jsonOptionalString(body, v.TypeField) // informational: a type that cannot be read is left empty
 	}
 	return ev, nil
 }

@@ -167,6 +167,6 @@ func (v *StandardVerifier) Verify(header http.Header, body []byte, now time.Time
 	if err := checkTolerance("standard", StandardTimestampHeader, ts, now, v.Tolerance); err != nil {
 		return Event{}, err
 	}
-	typ, _ := jsonField(body, "type")
+	typ, _ := jsonOptionalString(body, "type")
 	return Event{ID: id, Key: id, Type: typ, Timestamp: ts}, nil
 }

@@ -133,12 +133,23 @@ func (v *StripeVerifier) Verify(header http.Header, body []byte, now time.Time) 
 	if err := checkTolerance("stripe", StripeSignatureHeader, sig.Timestamp, now, v.Tolerance); err != nil {
 		return Event{}, err
 	}
-	id, typ, err := idAndType(body)
-	if err != nil {
-		return Event{}, &EventError{Provider: "stripe", Field: "body", Reason: "not a JSON object"}
+	// The id is read by its exact name, once, as the bytes signed say:
+	// never a field that differs only in case, a repeated one, or one that
+	// is not valid UTF-8 (see jsonMember and jsonString).
+	raw, err := jsonMember(body, "id")
+	var id string
+	if err == nil {
+		id, err = jsonString(raw)
 	}
-	if id == "" {
-		return Event{}, &EventError{Provider: "stripe", Field: "id", Reason: "missing"}
+	if err == nil && id == "" {
+		err = errMissing
+	}
+	if err != nil {
+		return Event{}, fieldRefusal("stripe", "id", err)
+	}
+	typ, err := jsonOptionalString(body, "type")
+	if err != nil {
+		return Event{}, fieldRefusal("stripe", "type", err)
 	}
 	return Event{ID: id, Key: id, Type: typ, Timestamp: sig.Timestamp}, nil
 }

@@ -1,9 +1,7 @@
 package webhook
 
 import (
-	"bytes"
 	"crypto/hmac"
-	"encoding/json"
 	"hash"
 	"net/http"
 	"strconv"
@@ -91,54 +89,4 @@ func checkTolerance(provider, header string, ts, now time.Time, tolerance time.D
 			Reason: &TimestampError{Timestamp: ts, Now: now, Tolerance: tolerance}}
 	}
 	return nil
-}
-
-// jsonField returns the string (or number, verbatim) at a dotted path of
-// top-level objects in body, e.g. "id" or "data.object.id".
-func jsonField(body []byte, path string) (string, bool) {
-	raw := json.RawMessage(body)
-	for part := range strings.SplitSeq(path, ".") {
-		var obj map[string]json.RawMessage
-		if err := json.Unmarshal(raw, &obj); err != nil {
-			return "", false
-		}
-		v, ok := obj[part]
-		if !ok {
-			return "", false
-		}
-		raw = v
-	}
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 {
-		return "", false
-	}
-	switch raw[0] {
-	case '"':
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return "", false
-		}
-		return s, true
-	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
-		return string(raw), true
-	}
-	return "", false
-}
-
-// idAndType reads the "id" and "type" string fields of a JSON object.
-func idAndType(body []byte) (id, typ string, err error) {
-	var v struct {
-		ID   *string `json:"id"`
-		Type *string `json:"type"`
-	}
-	if err := json.Unmarshal(body, &v); err != nil {
-		return "", "", err
-	}
-	if v.ID != nil {
-		id = *v.ID
-	}
-	if v.Type != nil {
-		typ = *v.Type
-	}
-	return id, typ, nil
 }
