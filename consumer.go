@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -54,6 +55,17 @@ type ConsumerConfig[M any] struct {
 	// TxRetries is how often a transaction aborted by a serialization failure
 	// or deadlock is run again before the error is returned. Defaults to 3.
 	TxRetries int
+	// SynchronousCommit, when set, is synchronous_commit for the claim's
+	// transaction only: "remote_apply", "on", "remote_write", "local" or
+	// "off". It is set with SET LOCAL and sent with BEGIN, so it costs no
+	// extra round trip. With a standby named in the server's
+	// synchronous_standby_names, "on" or "remote_apply" makes the COMMIT,
+	// and so the ack a transport sends after it, wait until the standby has
+	// the claim and its effects: a failover to that standby then loses no
+	// acknowledged message, whatever the server's own default
+	// (docs/reliability.md). Without synchronous_standby_names it changes
+	// nothing about replication. Defaults to "" (the server's setting).
+	SynchronousCommit string
 	// Describe tells the inbox's Observer what a transport knows of msg
 	// (subject, partition, delivery count, headers with the trace context).
 	// Transport adapters set it. It is called only when the inbox has an
@@ -100,6 +112,9 @@ func newTxDriver[M any](inbox *Inbox, cfg *ConsumerConfig[M]) (txDriver, error) 
 		return txDriver{}, &ConfigError{Field: "Key", Reason: "is required"}
 	case cfg.LockTimeout < 0:
 		return txDriver{}, &ConfigError{Field: "LockTimeout", Reason: "must not be negative"}
+	case !validSyncCommit(cfg.SynchronousCommit):
+		return txDriver{}, &ConfigError{Field: "SynchronousCommit",
+			Reason: fmt.Sprintf("%q is none of on, remote_apply, remote_write, local, off", cfg.SynchronousCommit)}
 	}
 	if err := validatePart("scope", cfg.Scope); err != nil {
 		return txDriver{}, &ConfigError{Field: "Scope", Reason: err.Error()}
@@ -117,10 +132,34 @@ func newTxDriver[M any](inbox *Inbox, cfg *ConsumerConfig[M]) (txDriver, error) 
 	case cfg.MaxAttempts > 0:
 		d.maxAttempts = cfg.MaxAttempts
 	}
-	if cfg.LockTimeout > 0 {
-		d.lockTimeout = fmt.Sprintf("%dms", max(cfg.LockTimeout.Milliseconds(), 1))
-	}
+	d.settings = txSettings(cfg.LockTimeout, cfg.SynchronousCommit)
+	d.syncCommit = cfg.SynchronousCommit
 	return d, nil
+}
+
+// txSettings returns sqlTxSettings's argument for a consumer's settings, ""
+// when it has none. The values are validated: nothing needs escaping.
+func txSettings(lockTimeout time.Duration, syncCommit string) string {
+	var s []string
+	if lockTimeout > 0 {
+		s = append(s, fmt.Sprintf(`"lock_timeout":"%dms"`, max(lockTimeout.Milliseconds(), 1)))
+	}
+	if syncCommit != "" {
+		s = append(s, `"synchronous_commit":"`+syncCommit+`"`)
+	}
+	if len(s) == 0 {
+		return ""
+	}
+	return "{" + strings.Join(s, ",") + "}"
+}
+
+// validSyncCommit reports a value ConsumerConfig.SynchronousCommit accepts.
+func validSyncCommit(s string) bool {
+	switch s {
+	case "", "on", "remote_apply", "remote_write", "local", "off":
+		return true
+	}
+	return false
 }
 
 // Scope returns the consumer's scope.

@@ -195,7 +195,8 @@ func newDirectStmts(q *queries) *directStmts {
 		peek: stmt(q.peek,
 			[]uint32{oidTimestamptz, oidText, oidText, oidInt8},
 			[]uint32{oidText, oidInt4, oidInt8, oidTimestamptz, oidBytea, oidTimestamptz}),
-		lockTimeout: stmt(sqlLockTimeout, []uint32{oidText}, []uint32{oidText}),
+		// The consumer's settings (txSettings), its lock timeout among them.
+		lockTimeout: stmt(sqlTxSettings, []uint32{oidText}, []uint32{oidText}),
 		savepoint:   stmt(sqlSavepoint, nil, nil),
 	}
 }

@@ -302,8 +302,15 @@ const (
 	sqlSavepoint     = `SAVEPOINT ` + sqlSavepointName
 )
 
-// sqlLockTimeout sets the transaction's lock_timeout ($1, e.g. '250ms').
-const sqlLockTimeout = `SELECT set_config('lock_timeout', $1, true)`
+// sqlReplication reads what decides whether a commit survives a failover:
+// the standbys streaming, synchronous_standby_names and synchronous_commit.
+const sqlReplication = `SELECT (SELECT count(*) FROM pg_stat_replication),
+    current_setting('synchronous_standby_names'), current_setting('synchronous_commit')`
+
+// sqlTxSettings sets a consumer's settings for its claim's transaction
+// only, as SET LOCAL does: $1 is a JSON object of settings and their values
+// (txSettings: lock_timeout, synchronous_commit), sent with BEGIN.
+const sqlTxSettings = `SELECT set_config(s.name, s.value, true) FROM json_each_text($1::text::json) AS s(name, value)`
 
 // queries holds the SQL of one Inbox with its table name filled in.
 type queries struct {

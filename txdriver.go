@@ -17,7 +17,8 @@ import (
 type txDriver struct {
 	inbox       *Inbox
 	txOpts      pgx.TxOptions
-	lockTimeout string // for sqlLockTimeout; "" for none
+	settings    string // sqlTxSettings's argument (txSettings); "" for none
+	syncCommit  string // ConsumerConfig.SynchronousCommit
 	maxAttempts int    // 0 = no limit
 	// direct and directBegin send the claim round straight over pgconn
 	// (pgxdirect.go); nil where the driver cannot.
@@ -29,12 +30,13 @@ type txDriver struct {
 func (d *txDriver) Inbox() *Inbox { return d.inbox }
 
 // beginBatch returns the statements that follow BEGIN in the claim's
-// transaction (its lock timeout), for the claim statements to be queued
-// behind: with pgx, one round trip for all of them.
+// transaction (its settings: lock timeout, synchronous_commit), for the
+// claim statements to be queued behind: with pgx, one round trip for all of
+// them.
 func (d *txDriver) beginBatch() *pgx.Batch {
 	b := d.inbox.drv.newBatch(d.txOpts)
-	if d.lockTimeout != "" {
-		b.Queue(sqlLockTimeout, d.lockTimeout)
+	if d.settings != "" {
+		b.Queue(sqlTxSettings, d.settings)
 	}
 	return b
 }
@@ -47,13 +49,13 @@ func (d *txDriver) beginBatch() *pgx.Batch {
 // key).
 func (d *txDriver) beginClaim(ctx context.Context, r *claimReq) (tx txConn, round *claimRound, savepoint bool, err error) {
 	if d.direct != nil && !d.direct.off.Load() && !d.inbox.direct.off.Load() {
-		tx, round, err := d.direct.claimDirect(ctx, d.inbox, d.directBegin, d.lockTimeout, r)
+		tx, round, err := d.direct.claimDirect(ctx, d.inbox, d.directBegin, d.settings, r)
 		if !errors.Is(err, errDirectTypes) && !errors.Is(err, errNoDirect) {
 			return tx, round, true, translate(err)
 		}
 	}
 	if sd, ok := d.inbox.drv.(*SQLDB); ok && !sd.notPgx.Load() && !sd.noDirect.Load() && !d.inbox.direct.off.Load() {
-		tx, round, err := sd.claimDirect(ctx, d.inbox, d.txOpts, d.lockTimeout, r)
+		tx, round, err := sd.claimDirect(ctx, d.inbox, d.txOpts, d.settings, r)
 		if errors.Is(err, errNoDirect) {
 			sd.noDirect.Store(true)
 		} else if !errors.Is(err, errDirectTypes) {

@@ -286,6 +286,20 @@ func (c *Cluster) Rebuild() {
 	c.waitStreaming()
 }
 
+// StopStandby stops the standby at once (pg_ctl stop -m immediate): with
+// synchronous replication the primary's commits wait until StartStandby.
+func (c *Cluster) StopStandby() {
+	c.t.Helper()
+	c.run("pg_ctl", "stop", "-m", "immediate", "-w", "-D", c.nodes[1-c.primary].dir)
+}
+
+// StartStandby starts the standby again and waits until it streams.
+func (c *Cluster) StartStandby() {
+	c.t.Helper()
+	c.startNode(1 - c.primary)
+	c.waitStreaming()
+}
+
 // Failover kills the primary, promotes the standby and rebuilds the old
 // primary as its standby.
 func (c *Cluster) Failover() {
