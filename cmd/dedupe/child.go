@@ -3,46 +3,34 @@ package main
 import (
 	"errors"
 	"io/fs"
+	"os"
 	"os/exec"
-	"runtime"
-	"syscall"
 )
 
-// child is a started command of "dedupe run".
+// How "dedupe run" keeps every process of a job inside the job (--contain).
+// See jobinit_linux.go: outside Linux there is no containment.
+const (
+	containAuto      = "auto"      // a PID namespace where permitted, else a subreaper supervisor
+	containPIDNS     = "pidns"     // a PID namespace, through a user namespace if unprivileged; else refuse
+	containSubreaper = "subreaper" // a supervisor that is the job's child subreaper
+)
+
+// jobInitArg is the first argument that makes dedupe the job's supervisor
+// (jobInitMain, Linux).
+const jobInitArg = "__dedupe-run-supervisor"
+
+// child is a started command of "dedupe run": on Linux, the job's supervisor
+// (jobInitMain) that runs the command; elsewhere the command itself.
 type child struct {
 	cmd  *exec.Cmd
 	done chan error // receives cmd.Wait's result once
+	// mode is the containment in force (containPIDNS, containSubreaper), or
+	// "" for none.
+	mode string
+	// lifeline is the write end of the supervisor's lifeline: it closes
+	// when dedupe dies, however it dies.
+	lifeline *os.File
 }
-
-// startChild starts cmd from a goroutine locked to its OS thread, and keeps
-// that thread until the command ends: on Linux the parent-death signal
-// (sysProcAttr) is tied to the thread that forked, and the Go runtime could
-// otherwise retire it while the command still runs.
-func startChild(cmd *exec.Cmd) (*child, error) {
-	cmd.SysProcAttr = sysProcAttr()
-	ch := &child{cmd: cmd, done: make(chan error, 1)}
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		ch.done <- cmd.Wait()
-	}()
-	if err := <-started; err != nil {
-		return nil, err
-	}
-	return ch, nil
-}
-
-// terminate asks the command (its process group on Linux) to stop.
-func (ch *child) terminate() { _ = signalJob(ch.cmd.Process, syscall.SIGTERM) }
-
-// kill stops the command (its process group on Linux) at once.
-func (ch *child) kill() { _ = signalJob(ch.cmd.Process, syscall.SIGKILL) }
 
 // startErrorCode maps a failure to start the command to its exit code.
 func startErrorCode(err error) int {

@@ -39,9 +39,15 @@
 // failures the key is marked failed too.
 //
 // A complete key makes later runs exit 0 without running CMD. A key whose
-// lease is live elsewhere exits 75 without running CMD. When dedupe itself is
-// killed, the kernel kills CMD as well (Linux: parent-death signal) and the
-// lease expires after --lease, after which a later run takes the key over.
+// lease is live elsewhere exits 75 without running CMD. On Linux CMD runs
+// under a supervisor (dedupe itself) that keeps every process of the job in
+// it: by default in a PID namespace of its own where dedupe may make one
+// (root), else as the job's child subreaper (--contain). When dedupe itself
+// is killed, SIGKILL included, no process of the job outlives it; the lease
+// expires after --lease, after which a later run takes the key over. A lost
+// lease kills the job at once, and what CMD leaves running when it exits is
+// killed before the outcome is recorded. Other systems run CMD directly and
+// contain nothing: there a killed dedupe leaves CMD running.
 // CMD gets DEDUPE_SCOPE, DEDUPE_KEY, DEDUPE_ATTEMPT and
 // DEDUPE_IDEMPOTENCY_KEY (stable across retries, for downstream APIs).
 //

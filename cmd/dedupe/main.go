@@ -7,7 +7,12 @@ import (
 	"syscall"
 )
 
-func main() { os.Exit(mainExit(os.Args[1:])) }
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == jobInitArg {
+		os.Exit(jobInitMain(os.Args[2:]))
+	}
+	os.Exit(mainExit(os.Args[1:]))
+}
 
 // mainExit runs the CLI on the process's streams; SIGINT and SIGTERM cancel
 // its context (dedupe run then stops its command and releases the key).

@@ -22,6 +22,9 @@ const effectArg = "-dedupe-test-effect"
 const roleEnv = "DEDUPE_TEST_ROLE"
 
 func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == jobInitArg {
+		os.Exit(jobInitMain(os.Args[2:]))
+	}
 	if len(os.Args) > 2 && os.Args[1] == effectArg {
 		os.Exit(effectMain(os.Args[2:]))
 	}
@@ -46,17 +49,27 @@ func effectMain(args []string) int {
 			return 99
 		}
 	}
-	appendLine(file, fmt.Sprintf("start %d %s", os.Getpid(), os.Getenv("DEDUPE_ATTEMPT")))
+	appendLine(file, fmt.Sprintf("start %s %s", hostPID(), os.Getenv("DEDUPE_ATTEMPT")))
 	fmt.Fprintf(os.Stdout, "effect stdout key=%s idem=%s\n", os.Getenv("DEDUPE_KEY"), os.Getenv("DEDUPE_IDEMPOTENCY_KEY"))
 	fmt.Fprintln(os.Stderr, "effect stderr")
 	time.Sleep(sleep)
-	appendLine(file, fmt.Sprintf("end %d", os.Getpid()))
+	appendLine(file, fmt.Sprintf("end %s", hostPID()))
 	code := 0
 	if b, err := os.ReadFile(status); err == nil {
 		code, _ = strconv.Atoi(strings.TrimSpace(string(b)))
 	}
 	fmt.Fprintln(os.Stdout, "effect done")
 	return code
+}
+
+// hostPID is the process's pid as the test sees it: on Linux the job runs in
+// a PID namespace of its own, where os.Getpid is another number (and the
+// same one in two runs), while /proc is the test's.
+func hostPID() string {
+	if pid, err := os.Readlink("/proc/self"); err == nil {
+		return pid
+	}
+	return strconv.Itoa(os.Getpid())
 }
 
 func appendLine(file, line string) {

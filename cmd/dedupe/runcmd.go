@@ -42,6 +42,7 @@ type runFlags struct {
 	onFailure                              string
 	tail                                   int
 	fingerprint                            bool
+	contain                                string
 }
 
 func runCommand() *command {
@@ -64,13 +65,38 @@ empty.
     failures the key is marked failed); --on-failure=complete stores the
     status as final; --on-failure=poison marks the key failed (exit 76 for
     later runs until "dedupe release"). run exits with CMD's status.
-  - dedupe is killed (SIGKILL): on Linux the kernel kills CMD too; the lease
-    expires after --lease and a later run takes the key over.
-  - dedupe gets SIGINT or SIGTERM: it sends SIGTERM to CMD (its process group
-    on Linux), SIGKILL after --kill-after, and releases the key.
+  - dedupe is killed (SIGKILL included): on Linux every process of the job
+    dies with it (see Containment); the lease expires after --lease and a
+    later run takes the key over.
+  - dedupe gets SIGINT or SIGTERM: it sends SIGTERM to CMD's process group,
+    SIGKILL to the whole job after --kill-after, and releases the key once no
+    process of the job is left.
   - The lease is lost while CMD runs (an operator released the key, or the
-    database was unreachable until the lease ran out): CMD is stopped the same
-    way and run exits 125, since another run may now take the key over.
+    database was unreachable until the lease was about to run out): the whole
+    job is killed at once (no --kill-after grace) and run exits 125, since
+    another run may now take the key over.
+  - CMD exits: whatever it left running (background processes, daemons) is
+    killed before the outcome is recorded. The job is CMD and all it started.
+
+Containment (Linux). CMD runs under a small supervisor, dedupe itself run
+again, so that no process of the job outlives dedupe however dedupe dies:
+  - pidns: the supervisor is the init of a new PID namespace. The kernel
+    kills every process of a namespace when its init dies, and no process
+    can leave it (setsid, double forks, daemons). The supervisor dies with
+    dedupe (parent-death signal SIGKILL, and a pipe only dedupe holds open).
+    Needs CAP_SYS_ADMIN (root), or unprivileged user namespaces: with
+    --contain=pidns an unprivileged dedupe makes one, where CMD keeps its
+    uid but setuid programs (sudo) cannot gain privileges.
+  - subreaper: the supervisor is the job's child subreaper; when dedupe
+    dies it kills every descendant (through /proc) before it exits. This
+    holds however dedupe dies, but not if the supervisor itself is
+    SIGKILLed on its own while dedupe lives.
+--contain=auto (the default) uses pidns where permitted (root) and else
+subreaper; --contain=pidns refuses to run CMD without a namespace.
+Other systems: CMD is run directly, with no containment. If dedupe is
+killed there, CMD and what it started run on, and a later run may take the
+key over once the lease expires while they still run: keep --lease longer
+than CMD can run, or make CMD's effects idempotent themselves.
 
 CMD sees DEDUPE_SCOPE, DEDUPE_KEY, DEDUPE_ATTEMPT and DEDUPE_IDEMPOTENCY_KEY,
 a UUID derived from the scope and key that every retry shares: send it as the
@@ -93,6 +119,7 @@ With --json, run's own report is one JSON object on stderr (stdout is CMD's).`,
 			fs.StringVar(&f.onFailure, "on-failure", onFailureRelease, "what a non-zero exit does to the key: release, complete or poison.")
 			fs.IntVar(&f.tail, "tail", defaultRunTail, "`bytes` of CMD's output (stdout and stderr, interleaved) stored with the key.")
 			fs.BoolVar(&f.fingerprint, "fingerprint", true, "store a hash of CMD and ARGS with the key and refuse the key with another command.")
+			fs.StringVar(&f.contain, "contain", containAuto, containHelp)
 			return f
 		},
 		rawArgs: true,
@@ -136,6 +163,11 @@ func (f *runFlags) validate(argv []string) error {
 	case onFailureRelease, onFailureComplete, onFailurePoison:
 	default:
 		return usagef("--on-failure must be release, complete or poison, not %q", f.onFailure)
+	}
+	switch f.contain {
+	case containAuto, containPIDNS, containSubreaper:
+	default:
+		return usagef("--contain must be auto, pidns or subreaper, not %q", f.contain)
 	}
 	return nil
 }
@@ -204,6 +236,8 @@ type runner struct {
 	claim *dedupe.Claim
 	argv  []string
 	rep   *runReport
+	// containMode is how the job is contained ("" for not at all).
+	containMode string
 }
 
 func (r *runner) run(ctx context.Context) int {
@@ -221,17 +255,23 @@ func (r *runner) run(ctx context.Context) int {
 	// forever after the command itself exited.
 	cmd.WaitDelay = r.f.killAfter
 	started := time.Now()
-	ch, err := startChild(cmd)
+	// The heartbeat starts before the command (starting it may take a while
+	// on a loaded machine) and outlives an interruption of dedupe: the lease
+	// must hold until the command has really stopped.
+	hbCtx, cancelHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
+	hb := r.inbox.KeepAlive(hbCtx, r.claim, r.f.heartbeat)
+	ch, err := startChild(cmd, r.f.contain)
 	if err != nil {
+		cancelHeartbeat()
+		_ = hb.Stop()
+		r.claim.LockedUntil = hb.LockedUntil()
 		// Release the key: fixing the PATH and retrying must be possible.
 		r.failKey(ctx, fmt.Errorf("start %s: %w", r.argv[0], err), false)
 		return r.c.endRun(r.rep, "error", startErrorCode(err), fmt.Errorf("start %s: %w", r.argv[0], err))
 	}
-
-	// The heartbeat outlives an interruption of dedupe: the lease must hold
-	// until the command has really stopped.
-	hbCtx, cancelHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
-	hb := r.inbox.KeepAlive(hbCtx, r.claim, r.f.heartbeat)
+	defer ch.release()
+	r.c.log.Debug("dedupe run: command started", "key", r.claim.Key.String(), "contain", containedBy(ch.mode))
+	r.containMode = ch.mode
 
 	var (
 		lostErr     error
@@ -246,11 +286,14 @@ func (r *runner) run(ctx context.Context) int {
 			stopping = time.After(r.f.killAfter)
 		}
 	}
+	// A lost lease kills the job at once, without --kill-after's grace:
+	// another run may take the key over now, and must not overlap it.
 	leaseLost := func(err error) {
 		if lostErr == nil {
 			lostErr = err
-			r.c.log.Error("dedupe run: lease lost; stopping the command", "key", r.claim.Key.String(), "err", err)
-			stop()
+			r.c.log.Error("dedupe run: lease lost; killing the command", "key", r.claim.Key.String(), "err", err)
+			ch.kill()
+			stopping = make(chan time.Time) // never: killed already
 		}
 	}
 wait:
@@ -278,13 +321,13 @@ wait:
 		lostErr = err
 	}
 	r.claim.LockedUntil = hb.LockedUntil()
-	status := exitStatus(cmd.ProcessState)
+	status := exitStatus(ch.cmd.ProcessState)
 	duration := time.Since(started)
 	r.rep.Status = &status
 	r.rep.Seconds = duration.Seconds()
 	r.rep.LockedUntil = jsonTime{r.claim.LockedUntil}
 
-	result := dedupe.Result{Status: status, Headers: r.resultHeaders(cmd, started, duration, tail), Body: tail.Bytes()}
+	result := dedupe.Result{Status: status, Headers: r.resultHeaders(ch.cmd, started, duration, tail), Body: tail.Bytes()}
 	if status == 0 || (r.f.onFailure == onFailureComplete && !interrupted && lostErr == nil) {
 		// Complete is fenced by the claim's token: even after the heartbeat
 		// gave up, it succeeds only if no other run took the key over.
@@ -352,7 +395,8 @@ func (r *runner) record(ctx context.Context, op func(ctx context.Context) error)
 	}
 }
 
-// resultHeaders describe the run for "dedupe inspect".
+// resultHeaders describe the run for "dedupe inspect"; cmd is the started
+// process (the job's supervisor on Linux).
 func (r *runner) resultHeaders(cmd *exec.Cmd, started time.Time, d time.Duration, tail *tailBuffer) map[string][]string {
 	h := map[string][]string{
 		"Command":      {r.argv[0]},
@@ -360,6 +404,7 @@ func (r *runner) resultHeaders(cmd *exec.Cmd, started time.Time, d time.Duration
 		"Duration":     {d.Round(time.Millisecond).String()},
 		"Output-Bytes": {strconv.FormatInt(tail.Total(), 10)},
 		"Pid":          {strconv.Itoa(cmd.Process.Pid)},
+		"Contain":      {containedBy(r.containMode)},
 	}
 	if host, err := os.Hostname(); err == nil {
 		h["Host"] = []string{host}
@@ -427,4 +472,12 @@ func lastLines(b []byte, max int) string {
 		b = b[len(b)-max:]
 	}
 	return string(b)
+}
+
+// containedBy names a containment mode for logs and inspect.
+func containedBy(mode string) string {
+	if mode == "" {
+		return "none"
+	}
+	return mode
 }
