@@ -30,11 +30,12 @@ const (
 	faultCut                         // the proxy cut a connection before a statement reached the server
 	faultFenced                      // a leased holder whose lease ran out was refused (ErrLeaseLost)
 	faultStarved                     // a consumer waited for a connection of its exhausted pool
+	faultBrokerCut                   // the broker connections of the in-process consumers were cut
 	numFaults
 )
 
 var faultNames = [numFaults]string{"errors", "panics", "terminated", "killed", "redelivered", "abandoned", "late", "stopped",
-	"commit_lost", "reply_lost", "cut", "fenced", "starved"}
+	"commit_lost", "reply_lost", "cut", "fenced", "starved", "broker_cut"}
 
 // rateFlags are the faults injected at a rate given by a flag, and the flag.
 var rateFlags = map[faultKind]string{

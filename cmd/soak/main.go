@@ -11,7 +11,9 @@
 // a small attempt limit, every input designed to fail delivered
 // -poison-copies times at once) and batch (ClaimBatch) on an in-memory
 // at-least-once broker; nats (JetStream runner), kafka and kafka-batch
-// (kafka-go runner on kfake), webhook (Standard Webhooks receiver), httpidem
+// (kafka-go runner on kfake), amqp (RabbitMQ runner on the machine's broker,
+// AMQP_URL; its in-process runners' connections cut every 40 effects),
+// webhook (Standard Webhooks receiver), httpidem
 // (Idempotency-Key middleware) and outbox (Enqueue, Relay to JetStream,
 // runner). naive, which writes effects without the inbox, is there to prove
 // that the audit fails.
@@ -19,9 +21,10 @@
 // Inputs: m-… ids are ordinary. f-… ids (-poison) are designed to fail: where
 // the transport supports it their handler always fails, and they must end
 // failed in the inbox (Kafka also dead-letters them), never committed and
-// never lost. k-… ids (-keyless) are published without a key on NATS and
-// Kafka, and must be dead-lettered (Kafka also records them failed under a
-// dedupekafka-refused/… key). Elsewhere both are ordinary inputs.
+// never lost. k-… ids (-keyless) are published without a key on NATS, Kafka
+// and RabbitMQ, and must be dead-lettered (Kafka and RabbitMQ also record
+// them failed under a dedupekafka-refused/… or dedupeamqp-refused/… key).
+// Elsewhere both are ordinary inputs.
 //
 // Faults: handler errors and panics after the effect was written,
 // pg_terminate_backend on the consumer's connections (found by their

@@ -232,6 +232,8 @@ type childFlags struct {
 	kafkaBrokers string
 	kafkaBatch   int
 	webhookAddr  string
+	amqpURL      string
+	amqpQueue    string
 }
 
 func (c *childFlags) register(fs *flag.FlagSet) {
@@ -239,4 +241,6 @@ func (c *childFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.kafkaBrokers, "kafka-brokers", "", "Kafka brokers of the kafka transport")
 	fs.IntVar(&c.kafkaBatch, "kafka-batch", 1, "batch size of the kafka transport")
 	fs.StringVar(&c.webhookAddr, "webhook-addr", "127.0.0.1:0", "listen address of the webhook transport")
+	fs.StringVar(&c.amqpURL, "amqp-url", "", "RabbitMQ broker of the amqp transport")
+	fs.StringVar(&c.amqpQueue, "amqp-queue", "", "queue of the amqp transport")
 }

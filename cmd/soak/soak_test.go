@@ -147,7 +147,7 @@ FROM `+tbl+`.soak_effects WHERE transport = $1`, name, committed).Scan(&total, &
 		}
 		var failed, failedForeign int
 		err = k.conn.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE key <> ALL($2))
-FROM `+tbl+`.dedupe_inbox WHERE scope = $1 AND state = 'failed' AND key NOT LIKE 'dedupekafka-refused/%'`,
+FROM `+tbl+`.dedupe_inbox WHERE scope = $1 AND state = 'failed' AND key NOT LIKE 'dedupekafka-refused/%' AND key NOT LIKE 'dedupeamqp-refused/%'`,
 			e.scope, failing).Scan(&failed, &failedForeign)
 		if err != nil {
 			t.Fatal(err)
@@ -328,7 +328,7 @@ func checkExternalEnds(t *testing.T, lines map[string]map[string]string) {
 			if atoi(t, f, "dead_lettered") != keyless || atoi(t, f, "failed") != failing {
 				t.Errorf("%s: want dead_lettered=%d failed=%d: %v", tr, keyless, failing, f)
 			}
-		case "kafka", "kafka-batch":
+		case "kafka", "kafka-batch", "amqp":
 			if atoi(t, f, "dead_lettered") != keyless+failing || atoi(t, f, "failed") != failing || atoi(t, f, "refused") < keyless {
 				t.Errorf("%s: want dead_lettered=%d failed=%d refused>=%d: %v", tr, keyless+failing, failing, keyless, f)
 			}
@@ -356,6 +356,21 @@ func TestSoakBrokerTransportsWithFaults(t *testing.T) {
 		"nats":        append([]string{"errors", "panics", "killed", "stopped", "failed", "dead_lettered"}, proxied...),
 		"kafka":       append([]string{"errors", "panics", "killed", "stopped", "failed", "dead_lettered", "refused"}, proxied...),
 		"kafka-batch": append([]string{"errors", "killed", "stopped", "failed", "dead_lettered", "refused"}, proxied...),
+	})
+	checkExternalEnds(t, lines)
+}
+
+// TestSoakAMQPWithFaults soaks the RabbitMQ runner on the machine's broker,
+// its broker connections cut every 40 effects.
+func TestSoakAMQPWithFaults(t *testing.T) {
+	t.Parallel()
+	code, lines, db := runSoak(t, append([]string{"-transports", "amqp"}, externalArgs...)...)
+	if code != exitOK {
+		t.Fatalf("exit code = %d, want 0", code)
+	}
+	checkDatabase(t, db, "amqp")
+	checkLines(t, lines, 400, map[string][]string{
+		"amqp": {"errors", "panics", "killed", "stopped", "redelivered", "failed", "dead_lettered", "refused", "broker_cut", "commit_lost", "cut"},
 	})
 	checkExternalEnds(t, lines)
 }

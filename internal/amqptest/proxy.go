@@ -32,18 +32,28 @@ type Proxy struct {
 // ends.
 func NewProxy(t testing.TB) *Proxy {
 	t.Helper()
-	u, err := parse(URL())
+	p, err := StartProxy()
 	if err != nil {
 		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// StartProxy starts a proxy to the broker of URL(), for programs (the soak);
+// the caller closes it.
+func StartProxy() (*Proxy, error) {
+	u, err := parse(URL())
+	if err != nil {
+		return nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	p := &Proxy{ln: ln, target: u, conns: map[net.Conn]struct{}{}}
 	p.wg.Go(p.accept)
-	t.Cleanup(p.Close)
-	return p
+	return p, nil
 }
 
 func parse(url string) (string, error) {
