@@ -6,6 +6,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"time"
 	"unsafe"
 
 	"github.com/jackc/pgx/v5"
@@ -57,7 +58,8 @@ func (i *Inbox) claimBatch(ctx context.Context, tx Querier, keys []Key, maxAttem
 	// Claim the distinct keys, in their sorted order.
 	m := len(b.ids)
 	token := newToken() // one per batch: its keys are distinct
-	var fps [][]byte    // none when no key has a fingerprint: unnest pads the column with NULLs
+	sent, sentClock := time.Now(), i.cfg.now()
+	var fps [][]byte // none when no key has a fingerprint: unnest pads the column with NULLs
 	for j := range m {
 		if fp := keys[b.first(j)].Fingerprint; fp != nil {
 			if fps == nil {
@@ -171,7 +173,7 @@ func (i *Inbox) claimBatch(ctx context.Context, tx Querier, keys []Key, maxAttem
 		c := &claims[n]
 		switch {
 		case state[j] == taken && n == f:
-			*c = Claim{Key: k, Attempt: attempts[j], Token: token, Outcome: OutcomeClaimed, inbox: i}
+			*c = Claim{Key: k, Attempt: attempts[j], Token: token, Outcome: OutcomeClaimed, inbox: i, sent: sent, sentClock: sentClock}
 		case state[j] == poisoned && n == f:
 			*c = Claim{Key: k, Attempt: attempts[j], Outcome: OutcomePoisoned, inbox: i}
 		case state[j] == taken:

@@ -324,7 +324,8 @@ func (i *Inbox) settle(ctx context.Context, q Querier, r *claimReq, round *claim
 
 // claimed is the claim of a row this request holds.
 func (r *claimReq) claimed(i *Inbox, row *claimRow, sent time.Time) *Claim {
-	c := &Claim{Key: r.key, Outcome: OutcomeClaimed, Token: r.token, Attempt: row.attempts, inbox: i}
+	c := &Claim{Key: r.key, Outcome: OutcomeClaimed, Token: r.token, Attempt: row.attempts, inbox: i,
+		sent: sent, sentClock: i.cfg.now()}
 	c.setLease(row.lockedUntil, row.left, sent)
 	return c
 }
@@ -429,7 +430,7 @@ func (i *Inbox) QueueStoreResult(b *pgx.Batch, c *Claim, r Result) error {
 	b.Queue(i.q.storeResultOrFail, args...).Fn = func(br pgx.BatchResults) error {
 		_, err := br.Exec()
 		if code, ok := sqlState(err); ok && code == pgDivisionByZero {
-			return fmt.Errorf("%w: %w", leaseLost(c), err)
+			return wrap(leaseLost(c), err)
 		}
 		return translate(err)
 	}
@@ -444,7 +445,7 @@ func storeResultArgs(c *Claim, r Result, op string) ([]any, error) {
 	}
 	headers, err := headersArg(r.Headers)
 	if err != nil {
-		return nil, fmt.Errorf("dedupe: encode result headers: %w", err)
+		return nil, fmt.Errorf("dedupe: encode result headers: %w", bare(err))
 	}
 	return []any{c.Key.Scope, c.Key.ID, r.Status, headers, r.Body, c.Token}, nil
 }

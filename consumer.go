@@ -99,6 +99,7 @@ func NewConsumer[M, TTx any](inbox *Inbox, cfg ConsumerConfig[M], h TxHandlerFun
 	if err != nil {
 		return nil, err
 	}
+	d.checkCommits()
 	return &Consumer[M]{txDriver: d, cfg: cfg, handler: eh}, nil
 }
 
@@ -171,7 +172,7 @@ func (c *Consumer[M]) KeyOf(msg M) (Key, error) { return keyOf(&c.cfg, msg) }
 func keyOf[M any](cfg *ConsumerConfig[M], msg M) (Key, error) {
 	id, err := cfg.Key(msg)
 	if err != nil {
-		return Key{}, fmt.Errorf("%w: %w", ErrNoKey, err)
+		return Key{}, wrap(ErrNoKey, err)
 	}
 	k := Key{Scope: cfg.Scope, ID: id}
 	if cfg.Fingerprint != nil {
@@ -191,8 +192,21 @@ func keyOf[M any](cfg *ConsumerConfig[M], msg M) (Key, error) {
 // error says why, and the outcome tells the transport what to do:
 //
 //   - OutcomeRetry, *HandlerError: the handler failed or panicked (a
-//     *PanicError), or ended its transaction itself (ErrTxEnded); its
-//     effects rolled back and the attempt was counted; redeliver later.
+//     *PanicError); its effects rolled back and the attempt was counted;
+//     redeliver later.
+//   - OutcomeRetry, ErrTxEnded (a *HandlerError): the handler ended its
+//     transaction itself (a COMMIT or ROLLBACK sent as a statement, perhaps
+//     followed by BEGIN), or a statement of it failed and it returned nil;
+//     nothing is reported processed, the attempt was counted. Over pgx the
+//     guard refuses every statement after the end; the COMMIT proves that
+//     the transaction still holds the claim, so one ended and begun again
+//     commits nothing. A *sql.Tx cannot be guarded: over database/sql, a
+//     transaction found with none open at its end (statements after it may
+//     have committed on their own) reports OutcomePoisoned with ErrTxEnded:
+//     the key is marked failed so that they never run again.
+//   - OutcomeRetry, context.Canceled (or the context's cause): ctx ended
+//     before the COMMIT (a shutdown); nothing committed and the attempt is
+//     not counted.
 //   - OutcomePoisoned, ErrPoisoned: the attempts are used up or the error was
 //     Permanent; the key is marked failed; stop redelivering. The handler
 //     runs at most MaxAttempts times per key, however many duplicates arrive
@@ -207,17 +221,20 @@ func keyOf[M any](cfg *ConsumerConfig[M], msg M) (Key, error) {
 //     key is live.
 //   - OutcomeConflict, ErrConflict: the key was used with another payload.
 //   - OutcomeUnknown, ErrOutcomeUnknown: the COMMIT was sent, its reply was
-//     lost, and a fresh connection could not tell whether it committed.
-//     Never treat it as a rollback; redeliver, and a committed first attempt
-//     makes the redelivery a duplicate. (When the fresh connection can tell,
-//     Handle reports what happened: OutcomeClaimed, or an error as below.)
-//   - 0, ErrReentrant: the handler of this very key called Handle for it.
-//   - 0, ErrInvalidKey or ErrNoKey: the message has no usable key.
-//   - 0, any other error: the database failed; nothing committed.
+//     lost, and a fresh connection could not tell whether it committed (or
+//     found the key absent more than Config.Retention after the claim, when
+//     Purge may have deleted a committed claim). Never treat it as a
+//     rollback; redeliver, and a committed first attempt makes the
+//     redelivery a duplicate. (When the fresh connection can tell, Handle
+//     reports what happened: OutcomeClaimed, or an error as below.)
+//   - OutcomeNone, ErrReentrant: the handler of this very key called Handle
+//     for it.
+//   - OutcomeNone, ErrInvalidKey or ErrNoKey: the message has no usable key.
+//   - OutcomeNone, any other error: the database failed; nothing committed.
 func (c *Consumer[M]) Handle(ctx context.Context, msg M) (Outcome, error) {
 	key, err := c.KeyOf(msg)
 	if err != nil {
-		return 0, err
+		return OutcomeNone, err
 	}
 	return c.HandleKey(ctx, key, msg)
 }
@@ -227,7 +244,7 @@ func (c *Consumer[M]) Handle(ctx context.Context, msg M) (Outcome, error) {
 // be valid; KeyOf validates it.
 func (c *Consumer[M]) HandleKey(ctx context.Context, key Key, msg M) (Outcome, error) {
 	if err := c.inbox.reentrant(ctx, key); err != nil {
-		return 0, err
+		return OutcomeNone, err
 	}
 	done := nopDone
 	if !c.unobserved {
@@ -238,6 +255,7 @@ func (c *Consumer[M]) HandleKey(ctx context.Context, key Key, msg M) (Outcome, e
 		if errors.Is(err, ErrRetryable) && try < c.cfg.TxRetries && ctx.Err() == nil {
 			continue
 		}
+		outcome, err = cancelled(ctx, key, outcome, err)
 		done(outcome, attempt, err)
 		return outcome, err
 	}
@@ -325,11 +343,31 @@ func (c *Consumer[M]) attemptClaim(ctx context.Context, key Key, msg M, cp **Cla
 			return 0, err
 		}
 	}
+	if err := ctx.Err(); err != nil {
+		// Ended before the COMMIT: database/sql rolls the transaction back
+		// on its own as its context ends, pgx refuses to send the COMMIT;
+		// never a race between the two. Not an attempt (cancelled).
+		return OutcomeNone, err
+	}
 	o, err := c.commit(ctx, tx, claim)
-	if errors.Is(err, errFailedTx) {
+	if errors.Is(err, errFailedTx) || errors.Is(err, errEndedBehind) {
 		return c.failed(ctx, tx, claim, err)
 	}
 	return o, err
+}
+
+// cancelled reports a handling that failed without an outcome after ctx
+// ended (a shutdown: database/sql rolls the transaction back when its
+// context ends) as OutcomeRetry: nothing committed, and it is not an
+// attempt of the message.
+func cancelled(ctx context.Context, key Key, o Outcome, err error) (Outcome, error) {
+	if err == nil || o != OutcomeNone || ctx.Err() == nil {
+		return o, err
+	}
+	if errors.Is(err, ctx.Err()) {
+		return OutcomeRetry, fmt.Errorf("dedupe: handling of %s cancelled; nothing committed: %w", key, bare(err))
+	}
+	return OutcomeRetry, fmt.Errorf("dedupe: handling of %s cancelled (%w); nothing committed: %w", key, context.Cause(ctx), bare(err))
 }
 
 type claimCtxKey struct{}

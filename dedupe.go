@@ -80,7 +80,11 @@ type Config struct {
 	Lease time.Duration
 	// Retention is how long a key is kept after its last write before Purge
 	// may delete it. It must outlive the longest redelivery delay of the
-	// transport, or a late duplicate is processed again. Defaults to 7 days.
+	// transport, or a late duplicate is processed again. It should also
+	// outlive the longest handling by far: a COMMIT whose reply was lost is
+	// resolved by reading the claim's row, and a row absent more than
+	// Retention after its claim may have been committed and purged, so that
+	// outcome is reported unknown (ErrOutcomeUnknown). Defaults to 7 days.
 	Retention time.Duration
 	// MaxAttempts is how many failed attempts a key gets before it is marked
 	// failed (poison) and no longer retried. Defaults to 10; a negative value
@@ -233,10 +237,16 @@ type Outcome int
 
 // Outcomes.
 const (
+	// OutcomeNone, the zero value, is no outcome: nothing was decided for the
+	// message, because it could not be handled at all (no usable key, a
+	// re-entrant call) or the database failed before anything committed.
+	// Handle returns it only with an error; redeliver, or treat an invalid
+	// key as poison.
+	OutcomeNone Outcome = iota
 	// OutcomeClaimed: the key was absent (or its previous attempt failed or
 	// its lease expired) and is now held by this attempt. For Consumer.Handle:
 	// the handler ran and its effects committed.
-	OutcomeClaimed Outcome = iota + 1
+	OutcomeClaimed
 	// OutcomeDuplicate: the key is complete; Claim.Result holds the stored
 	// result. Nothing ran.
 	OutcomeDuplicate
@@ -259,11 +269,11 @@ const (
 	OutcomeUnknown
 )
 
-var outcomeNames = [...]string{"", "claimed", "duplicate", "in_flight", "conflict", "poisoned", "retry", "unknown"}
+var outcomeNames = [...]string{"none", "claimed", "duplicate", "in_flight", "conflict", "poisoned", "retry", "unknown"}
 
 // String returns the outcome's lower-case name.
 func (o Outcome) String() string {
-	if o > 0 && int(o) < len(outcomeNames) {
+	if o >= 0 && int(o) < len(outcomeNames) {
 		return outcomeNames[o]
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
@@ -318,10 +328,16 @@ type Claim struct {
 	// Result is the stored result of a duplicate.
 	Result *Result
 
-	pending  *Result   // set by SetResult inside a Consumer handler
-	deadline time.Time // the lease's end on this process's monotonic clock
-	inbox    *Inbox    // the inbox that made the claim (re-entrance check)
-	obsDone  func(Outcome, int, error)
+	pending *Result // set by SetResult inside a Consumer handler
+	// sent is when the claim's statement was sent, on this process's
+	// monotonic clock, and sentClock the inbox's test clock then (nil
+	// without one): the claim's row expires no earlier than Retention after
+	// either (Inbox.Resolve).
+	sent      time.Time
+	sentClock *time.Time
+	deadline  time.Time // the lease's end on this process's monotonic clock
+	inbox     *Inbox    // the inbox that made the claim (re-entrance check)
+	obsDone   func(Outcome, int, error)
 }
 
 // observed ends a leased claim's handling for the Observer, once.
@@ -440,7 +456,7 @@ func (d *recordDest) record() (*Record, error) {
 		}
 		if d.headers != nil {
 			if err := json.Unmarshal(d.headers, &res.Headers); err != nil {
-				return nil, fmt.Errorf("dedupe: decode stored headers: %w", err)
+				return nil, fmt.Errorf("dedupe: decode stored headers: %w", bare(err))
 			}
 		}
 		r.Result = res

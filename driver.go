@@ -53,6 +53,10 @@ type txConn interface {
 	status() byte
 	// ended reports whether the handler ended the transaction itself.
 	ended() bool
+	// commitClaim commits a Consumer's transaction only if it still holds
+	// the claim (sqlCommitClaim), in the round trip of COMMIT alone where
+	// the driver can.
+	commitClaim(ctx context.Context) error
 }
 
 // newDriver returns the driver for db: a database/sql handle wrapped with
@@ -126,6 +130,10 @@ type pgxTx guardedTx
 func (t *pgxTx) handlerTx() any { return (*guardedTx)(t) }
 func (t *pgxTx) status() byte   { return (*guardedTx)(t).Status() }
 func (t *pgxTx) ended() bool    { return (*guardedTx)(t).Ended() }
+
+// commitClaim is Commit: a Consumer's transaction was begun with
+// sqlCommitClaim as its CommitQuery (txDriver.checkCommits).
+func (t *pgxTx) commitClaim(ctx context.Context) error { return t.Commit(ctx) }
 
 // sendBatch runs b's statements on q: in one round trip when q is a pgx
 // pool, connection or transaction, else one after the other.

@@ -3,6 +3,7 @@ package dedupe
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -62,9 +63,12 @@ var (
 	// handler returns nil; return an error to roll them back.
 	ErrTxOwned = errors.New("dedupe: the transaction belongs to dedupe: return nil to commit, an error to roll back")
 	// ErrTxEnded: the handler's transaction was ended behind dedupe's back
-	// (a COMMIT or ROLLBACK sent as a statement, or through Conn()), or it is
-	// aborted by a failed statement the handler ignored. Nothing is reported
-	// as processed; statements sent after the end are refused.
+	// (a COMMIT or ROLLBACK sent as a statement, or through Conn(), perhaps
+	// followed by BEGIN), or it is aborted by a failed statement the handler
+	// ignored. Nothing is reported as processed: the COMMIT proves that the
+	// transaction still holds its claim (ClaimSavepoint). Over pgx the
+	// statements sent after the end are refused; a *sql.Tx cannot refuse
+	// them (see Consumer.Handle for what that means for the key).
 	ErrTxEnded = errors.New("dedupe: the handler's transaction was ended or aborted behind dedupe's back")
 	// ErrReentrant: a handler called Handle (or Claim in a transaction of its
 	// own) for the very key it is handling, which would wait on itself
@@ -86,7 +90,7 @@ type OutcomeUnknownError struct {
 
 // Error implements the error interface.
 func (e *OutcomeUnknownError) Error() string {
-	return fmt.Sprintf("dedupe: outcome of %s for %s unknown (the reply was lost): %v", e.Op, e.Key, e.Err)
+	return fmt.Sprintf("dedupe: outcome of %s for %s unknown (the reply was lost): %s", e.Op, e.Key, bareText(e.Err))
 }
 
 // Unwrap returns ErrOutcomeUnknown and the cause.
@@ -102,7 +106,7 @@ type KeyError struct {
 
 // Error implements the error interface.
 func (e *KeyError) Error() string {
-	return fmt.Sprintf("dedupe: invalid %s %q: %v", e.Field, e.Value, e.Reason)
+	return fmt.Sprintf("dedupe: invalid %s %q: %s", e.Field, e.Value, bareText(e.Reason))
 }
 
 // Unwrap returns ErrInvalidKey and the reason, so errors.Is matches both.
@@ -144,7 +148,7 @@ func (e *HandlerError) Error() string {
 	if e.Poisoned {
 		suffix = " (key marked failed)"
 	}
-	return fmt.Sprintf("dedupe: handler failed for %s on attempt %d%s: %v", e.Key, e.Attempt, suffix, e.Err)
+	return fmt.Sprintf("dedupe: handler failed for %s on attempt %d%s: %s", e.Key, e.Attempt, suffix, bareText(e.Err))
 }
 
 // Unwrap returns the handler's error.
@@ -160,7 +164,12 @@ type PanicError struct {
 }
 
 // Error implements the error interface.
-func (e *PanicError) Error() string { return fmt.Sprintf("dedupe: handler panicked: %v", e.Value) }
+func (e *PanicError) Error() string {
+	if err, ok := e.Value.(error); ok {
+		return "dedupe: handler panicked: " + bareText(err)
+	}
+	return fmt.Sprintf("dedupe: handler panicked: %v", e.Value)
+}
 
 // Unwrap returns the panic value when it is an error.
 func (e *PanicError) Unwrap() error {
@@ -175,7 +184,7 @@ func (e *PanicError) Unwrap() error {
 type PermanentError struct{ Err error }
 
 // Error implements the error interface.
-func (e *PermanentError) Error() string { return "dedupe: permanent: " + e.Err.Error() }
+func (e *PermanentError) Error() string { return "dedupe: permanent: " + bareText(e.Err) }
 
 // Unwrap returns the wrapped error.
 func (e *PermanentError) Unwrap() error { return e.Err }
@@ -203,6 +212,11 @@ const (
 	pgUndefinedTable       = "42P01"
 	pgInFailedTx           = "25P02"
 	pgDivisionByZero       = "22012" // sqlStoreResultOrFail's assertion
+	// The claim's savepoint or transaction is gone when dedupe releases or
+	// rolls back to it: the handler ended the transaction behind dedupe's
+	// back (and may have begun another).
+	pgNoActiveTx       = "25P01"
+	pgInvalidSavepoint = "3B001"
 	// A prepared statement of the direct claim round that went away, or
 	// whose result type changed (pgxdirect.go): prepared anew.
 	pgInvalidSQLStatementName = "26000"
@@ -243,17 +257,69 @@ func translate(err error) error {
 	code, ok := sqlState(err)
 	if !ok {
 		if isTxDone(err) {
-			return fmt.Errorf("%w: %w", ErrTxEnded, err)
+			return wrap(ErrTxEnded, err)
 		}
 		return err
 	}
 	switch code {
 	case pgLockNotAvailable:
-		return fmt.Errorf("%w: %w", ErrInFlight, err)
+		return wrap(ErrInFlight, err)
 	case pgSerializationFailure, pgDeadlockDetected:
-		return fmt.Errorf("%w: %w", ErrRetryable, err)
+		return wrap(ErrRetryable, err)
 	case pgUndefinedTable:
-		return fmt.Errorf("%w: %w", ErrNotMigrated, err)
+		return wrap(ErrNotMigrated, err)
+	case pgNoActiveTx:
+		return wrap(errTxIdle, err)
+	case pgInvalidSavepoint:
+		return wrap(errTxRestarted, err)
 	}
 	return err
 }
+
+// errTxIdle and errTxRestarted are the claim's transaction found ended
+// behind dedupe's back by the statement that needs it (the checked COMMIT,
+// the rollback to the claim's savepoint): no transaction is open, or
+// another one is, begun by the handler after it ended the claim's.
+var (
+	errTxIdle      = wrap(ErrTxEnded, errors.New("no transaction is open"))
+	errTxRestarted = wrap(ErrTxEnded, errors.New("the transaction holding the claim ended and another one is open"))
+)
+
+// Every error text of the package starts with "dedupe: " once: an error
+// that wraps another of the package's prints the inner one without its
+// prefix (bareText), so that a chain reads "dedupe: a: b: c".
+
+// prefix begins every error text of the package.
+const prefix = "dedupe: "
+
+// bareText is err's text without the package's prefix.
+func bareText(err error) string {
+	if err == nil {
+		return "<nil>"
+	}
+	return strings.TrimPrefix(err.Error(), prefix)
+}
+
+// bareErr is an error printed without the package's prefix, for a message
+// that wraps it after its own (fmt.Errorf("dedupe: …: %w", bare(err))).
+type bareErr struct{ err error }
+
+func (b bareErr) Error() string { return bareText(b.err) }
+func (b bareErr) Unwrap() error { return b.err }
+
+// bare returns err printed without the package's prefix; nil for nil.
+func bare(err error) error {
+	if err == nil {
+		return nil
+	}
+	return bareErr{err}
+}
+
+// wrapped is outer followed by inner, both matched by errors.Is/As.
+type wrapped struct{ outer, inner error }
+
+func (w *wrapped) Error() string   { return w.outer.Error() + ": " + bareText(w.inner) }
+func (w *wrapped) Unwrap() []error { return []error{w.outer, w.inner} }
+
+// wrap returns outer: inner, inner printed without the package's prefix.
+func wrap(outer, inner error) error { return &wrapped{outer: outer, inner: inner} }

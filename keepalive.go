@@ -81,7 +81,7 @@ func (i *Inbox) KeepAlive(ctx context.Context, c *Claim, interval time.Duration)
 					"key", claim.Key.ID, "lease_left", claim.LeaseLeft(), "err", err)
 			default:
 				if !errors.Is(err, ErrLeaseLost) {
-					err = fmt.Errorf("%w: renewals failed until the lease was about to run out: %w", ErrLeaseLost, err)
+					err = fmt.Errorf("%w: renewals failed until the lease was about to run out: %w", ErrLeaseLost, bare(err))
 				}
 				h.err = err
 				h.mu.Unlock()

@@ -140,7 +140,7 @@ func (i *Inbox) CompleteTx(ctx context.Context, q Querier, c *Claim, result Resu
 func (i *Inbox) complete(ctx context.Context, q Querier, c *Claim, result Result) error {
 	headers, err := headersArg(result.Headers)
 	if err != nil {
-		return fmt.Errorf("dedupe: encode result headers: %w", err)
+		return fmt.Errorf("dedupe: encode result headers: %w", bare(err))
 	}
 	tag, err := q.Exec(ctx, i.q.complete, i.cfg.now(), c.Key.Scope, c.Key.ID, c.Token, result.Status, headers,
 		result.Body, i.cfg.Retention)

@@ -179,7 +179,7 @@ func (m *Migrator) Up(ctx context.Context) ([]Migration, error) {
 				continue
 			}
 			if _, err := tx.Exec(ctx, mig.Up); err != nil {
-				return fmt.Errorf("dedupe: migration %s/%03d_%s: %w", mig.Line, mig.Version, mig.Name, err)
+				return fmt.Errorf("dedupe: migration %s/%03d_%s: %w", mig.Line, mig.Version, mig.Name, bare(err))
 			}
 			if _, err := tx.Exec(ctx, "INSERT INTO "+m.tracking+" (line, table_name, version, name, applied_at) VALUES ($1, $2, $3, $4, now())",
 				string(mig.Line), m.cfg.tableOf(mig.Line), mig.Version, mig.Name); err != nil {
@@ -202,7 +202,7 @@ func (m *Migrator) Down(ctx context.Context, target int) ([]Migration, error) {
 				continue
 			}
 			if _, err := tx.Exec(ctx, mig.Down); err != nil {
-				return fmt.Errorf("dedupe: revert %s/%03d_%s: %w", mig.Line, mig.Version, mig.Name, err)
+				return fmt.Errorf("dedupe: revert %s/%03d_%s: %w", mig.Line, mig.Version, mig.Name, bare(err))
 			}
 			if _, err := tx.Exec(ctx, "DELETE FROM "+m.tracking+" WHERE line = $1 AND table_name = $2 AND version = $3",
 				string(mig.Line), m.cfg.tableOf(mig.Line), mig.Version); err != nil {

@@ -35,7 +35,29 @@ func (i *Inbox) Resolve(ctx context.Context, c *Claim) (committed bool, err erro
 	if err != nil {
 		return false, &OutcomeUnknownError{Op: "commit", Key: c.Key, Err: err}
 	}
+	if state == "" && !i.unpurged(c) {
+		// No row: rolled back, or committed and purged since. Only a claim
+		// younger than Retention cannot have been purged.
+		return false, &OutcomeUnknownError{Op: "commit", Key: c.Key, Err: errMaybePurged}
+	}
 	return ours && state == StateComplete, nil
+}
+
+// errMaybePurged is a lost COMMIT whose key is absent when resolved, more
+// than Retention after the claim: Purge may have deleted a committed claim.
+var errMaybePurged = errors.New("the key is absent, and the claim is older than Retention: it may have committed and been purged since")
+
+// unpurged reports whether c's row, had it committed, could not have been
+// purged yet: it expires Retention after its claim at the earliest, and
+// less than that has passed since the claim was sent (on this process's
+// monotonic clock, which counts at least the database's elapsed time since
+// the insert; on the test clock when the inbox has one).
+func (i *Inbox) unpurged(c *Claim) bool {
+	if c.sentClock != nil {
+		now := i.cfg.now()
+		return now != nil && now.Sub(*c.sentClock) < i.cfg.Retention
+	}
+	return !c.sent.IsZero() && time.Since(c.sent) < i.cfg.Retention
 }
 
 // probe reads key's committed row on a fresh connection, after waiting for

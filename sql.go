@@ -312,6 +312,20 @@ const sqlReplication = `SELECT (SELECT count(*) FROM pg_stat_replication),
 // (txSettings: lock_timeout, synchronous_commit), sent with BEGIN.
 const sqlTxSettings = `SELECT set_config(s.name, s.value, true) FROM json_each_text($1::text::json) AS s(name, value)`
 
+// sqlCommitClaim commits a Consumer's transaction only if it is still the
+// one that holds the claim: the savepoint taken right after the claim must
+// be there to be released. A handler that ended the transaction itself (a
+// ROLLBACK or COMMIT sent as a statement, then perhaps BEGIN) left no
+// savepoint of that name: the RELEASE fails, with no transaction open
+// (25P01) or in the new one (3B001), and the COMMIT behind it, in the same
+// simple query, does not run. One message, one round trip: what COMMIT alone
+// costs.
+const sqlCommitClaim = `RELEASE SAVEPOINT ` + sqlSavepointName + `; COMMIT`
+
+// sqlCheckClaim is the check of sqlCommitClaim on its own, for a driver
+// whose COMMIT dedupe cannot send itself: sent before it.
+const sqlCheckClaim = `RELEASE SAVEPOINT ` + sqlSavepointName
+
 // queries holds the SQL of one Inbox with its table name filled in.
 type queries struct {
 	claimInsert, claim, claimBatch, claimBatchScope, lookup, lookupBatch, recordFailure, storeResult string

@@ -3,7 +3,6 @@ package dedupe
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
@@ -51,7 +50,7 @@ func (d *SQLDB) claimDirect(ctx context.Context, i *Inbox, opts pgx.TxOptions, l
 			// on this connection by its next round, and the claim runs
 			// again in a new transaction.
 			st.stale = true
-			err = fmt.Errorf("%w: %w", ErrRetryable, err)
+			err = wrap(ErrRetryable, err)
 		}
 		return err
 	})

@@ -34,9 +34,12 @@ import (
 // is placed as over pgx: with the claim while the inbox's recent claims met
 // duplicates, else only after a claim that found its key taken; over other
 // drivers it follows only such a claim. The Relay cannot LISTEN, so it polls
-// (RelayConfig.PollInterval). A handler's *sql.Tx cannot be guarded: a
-// handler that commits or rolls back itself gets ErrTxEnded from Handle,
-// and its message is redelivered (and found complete if it committed).
+// (RelayConfig.PollInterval). A handler's *sql.Tx cannot be guarded, but
+// its COMMIT proves that it still holds the claim: a handler that commits
+// or rolls back itself (and perhaps begins again) gets ErrTxEnded from
+// Handle, nothing is reported processed, and its effects commit at most
+// once (Handle says how). Over pgx's stdlib the proof costs no round trip;
+// over other drivers one.
 func SQL(db *sql.DB) *SQLDB { return &SQLDB{sqlQuerier: sqlQuerier{db}, db: db} }
 
 // SQLTx wraps a database/sql transaction for the calls that join the
@@ -461,7 +464,7 @@ func parseInterval(s string) (time.Duration, error) {
 		if strings.Contains(f[n], ":") {
 			t, err := parseClock(f[n])
 			if err != nil {
-				return 0, fmt.Errorf("dedupe: interval %q: %w", s, err)
+				return 0, fmt.Errorf("dedupe: interval %q: %w", s, bare(err))
 			}
 			d += t
 			continue
@@ -471,7 +474,7 @@ func parseInterval(s string) (time.Duration, error) {
 		}
 		v, err := strconv.ParseInt(f[n], 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("dedupe: interval %q: %w", s, err)
+			return 0, fmt.Errorf("dedupe: interval %q: %w", s, bare(err))
 		}
 		n++
 		day := time.Duration(v) * 24 * time.Hour
@@ -508,4 +511,92 @@ func parseClock(s string) (time.Duration, error) {
 		d = -d
 	}
 	return d, nil
+}
+
+// commitClaim commits a Consumer's transaction only if it still holds the
+// claim (sqlCommitClaim): a handler's *sql.Tx cannot be guarded, so a
+// transaction it ended itself (and perhaps began again) shows here, before
+// anything is reported processed.
+//
+// Over pgx's stdlib the check and COMMIT go in one simple query on the
+// *pgx.Conn under the transaction, as COMMIT alone would: no round trip
+// more. database/sql must still end its *sql.Tx, whose COMMIT pgx would
+// send again; the connection is held busy (an empty pgconn pipeline) while
+// it does, so that pgx refuses that COMMIT without sending it, and the
+// transaction it refers to is already over. Over other drivers (lib/pq)
+// the check goes first, on its own, then the driver's COMMIT: one round
+// trip more (a lib/pq connection on which COMMIT was sent as a statement is
+// marked bad by its own Commit).
+func (t *sqlTx) commitClaim(ctx context.Context) error {
+	if t.conn != nil {
+		done, err := t.commitRaw(ctx)
+		if done {
+			return err
+		}
+	}
+	if _, err := t.Exec(ctx, sqlCheckClaim); err != nil {
+		if code, ok := sqlState(err); ok && code == pgInFailedTx {
+			// A statement of the handler failed: the driver's COMMIT says
+			// so as it always did (a failed-transaction commit).
+			return t.Commit(ctx)
+		}
+		_ = t.Rollback(context.WithoutCancel(ctx))
+		return err
+	}
+	return t.Commit(ctx)
+}
+
+// commitRaw is commitClaim over pgx's stdlib. done is false, with nothing
+// sent, when the connection is not pgx's stdlib's or its transaction failed
+// (the driver's COMMIT then reports the failed transaction as before).
+func (t *sqlTx) commitRaw(ctx context.Context) (done bool, err error) {
+	var (
+		status byte
+		busy   *pgconn.Pipeline
+		cerr   error
+	)
+	rerr := t.conn.Raw(func(dc any) error {
+		pc, ok := dc.(pgxConner)
+		if !ok {
+			return errNotPgx
+		}
+		c := pc.Conn().PgConn()
+		if status = c.TxStatus(); status != 'T' {
+			return nil
+		}
+		// Not cancelled with ctx, as database/sql's own COMMIT is not: an
+		// interrupted COMMIT is one more outcome to resolve.
+		mrr := c.Exec(context.WithoutCancel(ctx), sqlCommitClaim)
+		for mrr.NextResult() {
+			_, _ = mrr.ResultReader().Close()
+		}
+		if cerr = mrr.Close(); cerr == nil && c.TxStatus() == 'I' {
+			busy = c.StartPipeline(context.Background())
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(rerr, errNotPgx):
+		return false, nil
+	case rerr != nil:
+		return true, rerr
+	case status == 'E':
+		return false, nil
+	case status != 'T':
+		_ = t.Rollback(context.WithoutCancel(ctx))
+		return true, errTxIdle
+	}
+	if busy == nil {
+		// The check or the COMMIT failed: nothing committed, or the
+		// connection broke and the outcome is the caller's to resolve.
+		_ = t.Rollback(context.WithoutCancel(ctx))
+		return true, cerr
+	}
+	_ = t.tx.Commit() // refused by pgx without a round trip: the connection is busy
+	_ = t.conn.Raw(func(any) error {
+		_ = busy.Close()
+		return nil
+	})
+	_ = t.conn.Close()
+	return true, nil
 }

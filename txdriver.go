@@ -24,6 +24,9 @@ type txDriver struct {
 	// (pgxdirect.go); nil where the driver cannot.
 	direct      *pgxDirect
 	directBegin *directBegin
+	// checked is set for a Consumer: its COMMIT proves that the
+	// transaction still holds the claim (checkCommits).
+	checked bool
 }
 
 // Inbox returns the consumer's inbox.
@@ -108,22 +111,45 @@ func inFlightOr(err error) (Outcome, error) {
 	return 0, err
 }
 
-// commit commits the claim and its effects. A COMMIT whose reply was lost is
-// resolved on a fresh connection through claim (any claim of the
+// checkCommits makes the transactions of a Consumer commit only while they
+// hold their claim: over pgx their COMMIT is sqlCommitClaim (one simple
+// query, the round trip of COMMIT alone); over database/sql, commitClaim.
+func (d *txDriver) checkCommits() {
+	d.txOpts.CommitQuery = sqlCommitClaim
+	if d.directBegin != nil {
+		d.directBegin = newDirectBegin(d.txOpts)
+	}
+	d.checked = true
+}
+
+// commit commits the claim and its effects (checked: only while the
+// transaction still holds the claim, see checkCommits). A COMMIT whose reply
+// was lost is resolved on a fresh connection through claim (any claim of the
 // transaction): committed is reported as claimed, not committed as an error,
-// and an unanswerable question as OutcomeUnknown.
+// and an unanswerable question as OutcomeUnknown. A transaction found
+// ended behind dedupe's back returns an error matching ErrTxEnded (and
+// errEndedBehind), a failed one errFailedTx.
 func (d *txDriver) commit(ctx context.Context, tx txConn, claim *Claim) (Outcome, error) {
-	err := tx.Commit(ctx)
+	var err error
+	if d.checked {
+		err = tx.commitClaim(ctx)
+	} else {
+		err = tx.Commit(ctx)
+	}
 	if err == nil {
 		return OutcomeClaimed, nil
 	}
 	if pgerr.IsFailedTxCommit(err) {
 		// A statement of the handler failed and it returned nil: what the
 		// guard catches before COMMIT with pgx, a *sql.Tx shows only now.
-		return 0, fmt.Errorf("%w: a statement failed and the handler returned nil: %w", errFailedTx, err)
+		return OutcomeRetry, fmt.Errorf("%w: a statement failed and the handler returned nil: %w", errFailedTx, bare(err))
 	}
 	if !mayHaveApplied(err) {
-		return 0, translate(err)
+		terr := translate(err)
+		if errors.Is(terr, ErrTxEnded) && ctx.Err() == nil {
+			return OutcomeRetry, wrap(errEndedBehind, terr)
+		}
+		return OutcomeNone, terr
 	}
 	log := d.inbox.cfg.Logger
 	committed, rerr := d.inbox.Resolve(ctx, claim)
@@ -131,14 +157,22 @@ func (d *txDriver) commit(ctx context.Context, tx txConn, claim *Claim) (Outcome
 	case rerr != nil:
 		log.ErrorContext(ctx, "dedupe: commit reply lost and the outcome could not be learnt", "scope", claim.Key.Scope,
 			"key", claim.Key.ID, "err", err, "resolve_err", rerr)
+		if errors.Is(rerr, ErrOutcomeUnknown) {
+			return OutcomeUnknown, rerr
+		}
 		return OutcomeUnknown, &OutcomeUnknownError{Op: "commit", Key: claim.Key, Err: errors.Join(err, rerr)}
 	case committed:
 		log.WarnContext(ctx, "dedupe: commit reply lost; the transaction committed", "scope", claim.Key.Scope,
 			"key", claim.Key.ID, "err", err)
 		return OutcomeClaimed, nil
 	}
-	return 0, fmt.Errorf("dedupe: commit of %s failed and did not take effect: %w", claim.Key, err)
+	return OutcomeNone, fmt.Errorf("dedupe: commit of %s failed and did not take effect: %w", claim.Key, bare(err))
 }
+
+// errEndedBehind is a claim's transaction that its COMMIT found ended
+// behind dedupe's back (checkCommits): nothing of it was reported
+// processed; its handler's attempt is counted on its own.
+var errEndedBehind = errors.New("dedupe: the transaction no longer held the claim at COMMIT")
 
 // recordFailedTx turns the claim row of a failed attempt into its failure
 // record inside tx, after the effects were rolled back to savepoint (the one
@@ -172,13 +206,16 @@ func (d *txDriver) failed(ctx context.Context, tx txConn, claim *Claim, herr err
 		attempts int
 		err      error
 	)
-	ended := tx.ended()
+	ended := tx.ended() || errors.Is(herr, errEndedBehind)
 	if !ended {
 		if poisoned, attempts, err = d.recordFailedTx(ctx, tx, sqlSavepointName, claim, herr); err == nil {
 			err = translate(tx.Commit(ctx))
 		}
 		// database/sql learns only now that the handler ended it.
 		ended = errors.Is(err, ErrTxEnded)
+		if ended && errors.Is(herr, errFailedTx) {
+			herr = err
+		}
 	}
 	if ended {
 		// The handler ended the transaction; the claim went with it. Count
@@ -186,9 +223,29 @@ func (d *txDriver) failed(ctx context.Context, tx txConn, claim *Claim, herr err
 		// connection back: on a pool of one connection the count would wait
 		// for it.
 		_ = tx.Rollback(context.WithoutCancel(ctx))
+		herr = d.endedCause(herr, err)
 		attempts, poisoned, err = d.inbox.recordFailure(ctx, claim.Key, herr, d.maxAttempts)
 	}
 	return d.report(ctx, claim, herr, poisoned, attempts, err)
+}
+
+// endedCause is the failure recorded for an attempt whose handler ended the
+// claim's transaction itself (herr, or err, the error that showed it). Over
+// pgx the guard refused every statement after that end, so nothing of the
+// attempt committed and a redelivery may try again. A *sql.Tx cannot be
+// guarded: statements a handler sent after ending it ran outside any
+// transaction, each committing on its own, and running the handler again
+// would repeat them. So when no transaction was open at its end, over
+// database/sql, the failure is permanent: the key is marked failed, and
+// nothing of the handler runs twice.
+func (d *txDriver) endedCause(herr, err error) error {
+	if !errors.Is(herr, ErrTxEnded) {
+		herr = errors.Join(herr, err)
+	}
+	if _, isSQL := d.inbox.drv.(*SQLDB); isSQL && (errors.Is(herr, errTxIdle) || errors.Is(err, errTxIdle)) {
+		return Permanent(herr)
+	}
+	return herr
 }
 
 // notAnAttempt handles the handler failures that are not the message's
@@ -197,6 +254,11 @@ func (d *txDriver) failed(ctx context.Context, tx txConn, claim *Claim, herr err
 // transaction runs again. done is false for a real failure.
 func (d *txDriver) notAnAttempt(ctx context.Context, claim *Claim, herr error) (Outcome, error, bool) {
 	if ctx.Err() != nil {
+		if !errors.Is(herr, ctx.Err()) {
+			// database/sql rolled the transaction back as the context
+			// ended: the handler's error says so, not why.
+			herr = wrap(herr, context.Cause(ctx))
+		}
 		return OutcomeRetry, &HandlerError{Key: claim.Key, Attempt: claim.Attempt, Err: herr}, true
 	}
 	if terr := translate(herr); errors.Is(terr, ErrRetryable) {

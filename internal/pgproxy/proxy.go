@@ -396,7 +396,10 @@ func errorResponse(severity, code, message string) []byte {
 	return append(msg, body...)
 }
 
-var commitRE = regexp.MustCompile(`(?is)^\s*(commit|end)(\s+(work|transaction))?\s*;?\s*$`)
+// commitRE matches a COMMIT, alone or behind the RELEASE of a savepoint in
+// the same simple query (a Consumer's checked COMMIT: RELEASE SAVEPOINT
+// dedupe_claim; COMMIT).
+var commitRE = regexp.MustCompile(`(?is)^\s*(release\s+(savepoint\s+)?\w+\s*;\s*)?(commit|end)(\s+(work|transaction))?\s*;?\s*$`)
 
 // classify returns the event of a frontend message and whether the policy is
 // asked about it, tracking prepared statements and portals on the way.
