@@ -42,6 +42,7 @@ func (s *syncBuffer) take() string {
 // acks may be lost and not of the other, and warns of both once
 // synchronous_standby_names is emptied.
 func TestFailoverSynchronousCommitPerConsumer(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	c := Start(t, Options{Sync: true, SyncCommit: "local"})
