@@ -1,20 +1,25 @@
 package test
 
 import (
+	"bufio"
+	"context"
 	"fmt"
-	"io"
-	"net"
 	"os"
-	"sync"
+	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/exactlyonce/dedupe"
 	dedupewatermill "github.com/exactlyonce/dedupe/adapters/watermill"
+	"github.com/exactlyonce/dedupe/internal/dbtest"
 	"github.com/exactlyonce/dedupe/internal/observetest"
 )
 
@@ -65,60 +70,95 @@ func deleteQueue(t *testing.T, url, queue string) {
 	})
 }
 
-// proxy forwards TCP connections to target until the test ends; cut
-// closes the connections it carries, as when a process is killed.
-type proxy struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
-	wg    sync.WaitGroup
+// victimEnv, set in a child process of the test binary, makes TestMain
+// run a router (victim) instead of the tests; the parent kills it.
+const victimEnv = "DEDUPE_WATERMILL_VICTIM"
+
+// victim runs a router with the dedupe middleware on the queue and
+// database the environment names, printing "ready" once it consumes, until
+// the process is killed.
+func victim() int {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("VICTIM_DATABASE_URL"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	inbox, err := dedupe.New(pool, dedupe.Config{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	mw, err := dedupewatermill.New[pgx.Tx](inbox, dedupewatermill.Config{Scope: "shipping"})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	logger := watermill.NopLogger{}
+	cfg := amqp.NewDurableQueueConfig(os.Getenv("VICTIM_AMQP_URL"))
+	cfg.Consume.Qos.PrefetchCount = 8
+	sub, err := amqp.NewSubscriber(cfg, logger)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	r, err := message.NewRouter(message.RouterConfig{}, logger)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	r.AddMiddleware(mw.Handler)
+	r.AddNoPublisherHandler("h", os.Getenv("VICTIM_QUEUE"), sub, func(msg *message.Message) error {
+		time.Sleep(2 * time.Millisecond) // keep some in flight when the kill comes
+		return insertEffect(msg)
+	})
+	go func() {
+		<-r.Running()
+		fmt.Println("ready")
+	}()
+	if err := r.Run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	return 0
 }
 
-func newProxy(t *testing.T, target string) *proxy {
+// startVictim starts the victim router in a child process.
+func startVictim(t *testing.T, dbURL, amqpURL, queue string) *exec.Cmd {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), victimEnv+"=1", "VICTIM_DATABASE_URL="+dbURL, "VICTIM_AMQP_URL="+amqpURL, "VICTIM_QUEUE="+queue)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &proxy{ln: ln}
-	p.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, c, s)
-			p.mu.Unlock()
-			p.wg.Go(func() { _, _ = io.Copy(s, c); _ = s.Close() })
-			p.wg.Go(func() { _, _ = io.Copy(c, s); _ = c.Close() })
-		}
-	})
-	t.Cleanup(func() { _ = ln.Close(); p.cut(); p.wg.Wait() })
-	return p
-}
-
-func (p *proxy) cut() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		_ = c.Close()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
 	}
-	n := len(p.conns)
-	p.conns = nil
-	return n
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	ready := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if sc.Text() == "ready" {
+				ready <- true
+			}
+		}
+	}()
+	select {
+	case <-ready:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the victim router did not start in 60s")
+	}
+	return cmd
 }
 
-// Two routers consume one durable RabbitMQ queue (competing consumers)
-// while every message is published twice under its UUID; the first
-// router's connection is cut again and again mid-run (paced by progress),
-// with messages in its handlers. Every message's effect happens once, and
-// the queue ends empty.
+// Two routers consume one durable RabbitMQ queue (competing consumers),
+// one of them in a child process, while every message is published twice
+// under its UUID; the child is killed (SIGKILL) mid-run, with messages in
+// its handlers, some committed and never acked. Every message's effect
+// happens once, and the queue ends empty.
 func TestAMQPDuplicatesAndRouterKilled(t *testing.T) {
 	url := amqpURL(t)
 	obs := observetest.New()
@@ -130,17 +170,6 @@ func TestAMQPDuplicatesAndRouterKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pub.Close() })
-
-	host := url[len("amqp://guest:guest@") : len(url)-1]
-	px := newProxy(t, host)
-	victimCfg := amqp.NewDurableQueueConfig("amqp://guest:guest@" + px.ln.Addr().String() + "/")
-	victimCfg.Connection.Reconnect = &amqp.ReconnectConfig{BackoffInitialInterval: 50 * time.Millisecond, BackoffRandomizationFactor: 0.5, BackoffMultiplier: 1.5, BackoffMaxInterval: 500 * time.Millisecond}
-	victimCfg.Consume.Qos.PrefetchCount = 8
-	victim, err := amqp.NewSubscriber(victimCfg, wmLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = victim.Close() })
 	otherCfg := amqp.NewDurableQueueConfig(url)
 	otherCfg.Consume.Qos.PrefetchCount = 8
 	other, err := amqp.NewSubscriber(otherCfg, wmLogger(t))
@@ -148,36 +177,42 @@ func TestAMQPDuplicatesAndRouterKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = other.Close() })
-
-	slow := noPublish(func(msg *message.Message) error {
-		time.Sleep(2 * time.Millisecond) // keep some in flight when the cut comes
+	child := startVictim(t, e.db.URL, url, queue)
+	stopOther := router(t, newMiddleware(t, e, dedupewatermill.Config{}), other, queue, noPublish(func(msg *message.Message) error {
+		time.Sleep(2 * time.Millisecond)
 		return insertEffect(msg)
-	})
-	stopVictim := router(t, newMiddleware(t, e, dedupewatermill.Config{}), victim, queue, slow, nil, "")
-	stopOther := router(t, newMiddleware(t, e, dedupewatermill.Config{}), other, queue, slow, nil, "")
+	}), nil, "")
 
 	const n = 300
+	published := make(chan error, 1)
 	go func() {
 		for i := range n {
 			for range 2 {
 				if err := pub.Publish(queue, message.NewMessage(fmt.Sprintf("order-%d", i), []byte("x"))); err != nil {
-					t.Error(err)
+					published <- err
 					return
 				}
 			}
 		}
+		published <- nil
 	}()
-	cuts := 0
-	for next := 40; next < n; next += 40 {
-		obs.Wait(t, 30*time.Second, fmt.Sprintf("%d effects", next), func() bool { return e.effects(t) >= next })
-		if px.cut() > 0 {
-			cuts++
-		}
+	dbtest.WaitFor(t, 30*time.Second, "100 effects", func() bool { return e.effects(t) >= 100 })
+	if err := child.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
 	}
-	obs.Wait(t, 60*time.Second, "every message handled", func() bool {
-		return e.effects(t) == n && obs.Handled(dedupe.OutcomeClaimed)+obs.Handled(dedupe.OutcomeDuplicate) >= 2*n
+	_ = child.Wait()
+	killedAt := e.effects(t)
+	if err := <-published; err != nil {
+		t.Fatal(err)
+	}
+	dbtest.WaitFor(t, 60*time.Second, "every message's effect", func() bool { return e.effects(t) == n })
+	// The child's unacked messages come back to the other router; wait
+	// until the queue holds nothing ready and the router is idle.
+	dbtest.WaitFor(t, 30*time.Second, "the queue drained", func() bool {
+		before := obs.Ended()
+		time.Sleep(300 * time.Millisecond)
+		return queueDepth(t, url, queue) == 0 && obs.Ended() == before
 	})
-	stopVictim()
 	stopOther()
 	if got := e.effects(t); got != n {
 		t.Fatalf("effects = %d, want %d", got, n)
@@ -186,9 +221,9 @@ func TestAMQPDuplicatesAndRouterKilled(t *testing.T) {
 		t.Fatalf("distinct effects = %d, want %d", got, n)
 	}
 	if d := queueDepth(t, url, queue); d != 0 {
-		t.Fatalf("queue holds %d messages after both routers stopped, want 0", d)
+		t.Fatalf("queue holds %d messages after the routers stopped, want 0", d)
 	}
-	if cuts < 3 {
-		t.Fatalf("cut the first router's connection %d times, want at least 3", cuts)
+	if killedAt >= n {
+		t.Fatalf("the victim was killed after all %d effects; the kill proved nothing", n)
 	}
 }
