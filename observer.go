@@ -102,6 +102,18 @@ type MessageInfo struct {
 	// include its credentials): an Observer reads the propagation keys it
 	// needs during StartHandle and neither keeps nor changes them.
 	Headers Headers
+	// Untrusted marks a message received by a public endpoint (a webhook
+	// receiver, an HTTP API), whose headers whoever sent it chose: a
+	// signature, if any, covers none of them. An Observer then starts the
+	// handling in a trace of its own, records the sender's trace context
+	// only as a link, and adopts none of its baggage, so that the sender
+	// decides neither which trace the handling joins, nor whether it is
+	// sampled, nor what baggage the handler's context (and every outbox
+	// message it enqueues) carries. The public transports set it unless
+	// configured to trust their callers (webhook.Config.TrustCallers,
+	// httpidem.Config.TrustCallers); broker consumers leave it false, for
+	// the producers are yours.
+	Untrusted bool
 }
 
 // Headers are a message's headers as a trace propagator reads and writes

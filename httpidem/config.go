@@ -186,6 +186,18 @@ type Config struct {
 	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
 	// Logger receives the middleware's logs. Defaults to slog.Default().
 	Logger *slog.Logger
+	// TrustCallers makes the middleware take a request's trace context
+	// (traceparent) as the parent of its handling in the inbox's Observer
+	// and adopt its baggage, which then reaches the handler's context and
+	// the outbox messages it enqueues. Leave it false (the default) for an
+	// API on the public internet: a caller would otherwise choose the trace
+	// the handling joins, whether it is sampled, and the baggage your
+	// services downstream read (a tenant, a user id). By default the
+	// handling starts a trace of its own (or stays under your own server
+	// span) that links the caller's, and the caller's baggage is dropped
+	// (dedupe.MessageInfo.Untrusted). Set it only when every caller is a
+	// service of yours.
+	TrustCallers bool
 }
 
 // unstorableHeaders are the response headers StoredHeaders refuses, with

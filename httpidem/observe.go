@@ -12,14 +12,15 @@ import (
 // messageInfo is what the inbox's Observer is told of a request: its route
 // (the ServeMux pattern when the middleware runs inside one, else the
 // method), its idempotency key and its headers, which carry the caller's
-// trace context.
-func messageInfo(r *http.Request, id string) dedupe.MessageInfo {
+// trace context, untrusted unless the middleware trusts its callers
+// (Config.TrustCallers).
+func messageInfo(r *http.Request, id string, trusted bool) dedupe.MessageInfo {
 	dest := r.Pattern
 	if dest == "" {
 		dest = r.Method
 	}
 	return dedupe.MessageInfo{System: "http", Destination: dest, ID: id, Partition: -1, Offset: -1,
-		Headers: dedupe.MapHeaders(r.Header)}
+		Headers: dedupe.MapHeaders(r.Header), Untrusted: !trusted}
 }
 
 // observe starts observing a request's handling with the inbox's Observer.
@@ -39,7 +40,7 @@ func (m *Middleware) observe(ctx context.Context, r *http.Request, key dedupe.Ke
 		// claim, as the core's Begin refuses it before observing.
 		return ctx, func(*dedupe.Claim, error) {}
 	}
-	info := messageInfo(r, key.ID)
+	info := messageInfo(r, key.ID, m.cfg.TrustCallers)
 	if m.mode != Transactional {
 		return dedupe.WithMessageInfo(ctx, info), func(*dedupe.Claim, error) {}
 	}

@@ -38,6 +38,19 @@
 //     a live local span (an HTTP server span, say), that span stays the
 //     parent and the creation context is linked.
 //
+// A message from a public endpoint (MessageInfo.Untrusted: the webhook
+// receivers and httpidem set it unless configured to trust their callers)
+// is not a message of a producer you run: its sender chose its headers.
+// Its "process" span starts a trace of its own (or stays under the live
+// local span of the context, an HTTP server span of yours) and only links
+// the sender's trace context, so that the sender picks neither the trace
+// nor, through its sampled flag, whether the span is recorded; the sender's
+// baggage is not read, so it reaches neither the handler's context nor the
+// outbox messages it enqueues. Baggage that your own middleware put in the
+// request's context is yours and kept. An otelhttp handler in front of a
+// public endpoint should be built with otelhttp.WithPublicEndpointFn, or its
+// server span joins the sender's trace before dedupe sees the request.
+//
 // Attributes: messaging.system, messaging.destination.name,
 // messaging.message.id, messaging.consumer.group.name,
 // messaging.operation.type and messaging.operation.name,

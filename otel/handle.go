@@ -31,7 +31,7 @@ func (o *Observer) StartHandle(ctx context.Context, h dedupe.HandleInfo) (contex
 	if target == "" {
 		target = h.Key.Scope
 	}
-	parent, link := o.parent(ctx, m.Headers)
+	parent, link := o.parent(ctx, m.Headers, m.Untrusted)
 	ctx, span := o.start(parent, "process "+target, trace.SpanKindConsumer, attrs, link)
 	return ctx, func(d dedupe.HandleDone) {
 		outcome := outcomeName(d.Outcome)
@@ -120,7 +120,25 @@ func appendMessage(attrs []attribute.KeyValue, m *dedupe.MessageInfo, keyID stri
 // creation context (invalid when its headers carry none). The creation
 // context, extracted from h, is the parent unless ctx holds a live local
 // span, which then stays the parent; baggage from h is kept either way.
-func (o *Observer) parent(ctx context.Context, h dedupe.Headers) (context.Context, trace.Link) {
+//
+// For an untrusted message (MessageInfo.Untrusted) the creation context is
+// only linked: the span starts under ctx's live local span if it has one,
+// else in a new trace (a remote span context in ctx came from the same
+// sender and is dropped), and h's baggage is not read at all.
+func (o *Observer) parent(ctx context.Context, h dedupe.Headers, untrusted bool) (context.Context, trace.Link) {
+	if untrusted {
+		if sc := trace.SpanContextFromContext(ctx); sc.IsValid() && sc.IsRemote() {
+			ctx = trace.ContextWithSpanContext(ctx, trace.SpanContext{})
+		}
+		if h == nil {
+			return ctx, trace.Link{}
+		}
+		sc := trace.SpanContextFromContext(o.prop.Extract(context.Background(), carrier{h, o.canon}))
+		if !sc.IsValid() {
+			return ctx, trace.Link{}
+		}
+		return ctx, trace.Link{SpanContext: sc}
+	}
 	if h == nil {
 		return ctx, trace.Link{}
 	}

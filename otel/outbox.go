@@ -55,7 +55,7 @@ func (o *Observer) StartPublish(ctx context.Context, msg *dedupe.OutboxMessage) 
 	if msg.Headers != nil {
 		headers = dedupe.MapHeaders(msg.Headers)
 	}
-	parent, link := o.parent(ctx, headers)
+	parent, link := o.parent(ctx, headers, false) // the outbox's rows are the program's own
 	ctx, span := o.start(parent, "send "+msg.Topic, trace.SpanKindProducer, attrs, link)
 	return ctx, func(d dedupe.PublishDone) {
 		outcome := PublishPublished

@@ -48,6 +48,19 @@ type Config struct {
 	Clock func() time.Time
 	// Logger receives the handler's logs. Defaults to slog.Default().
 	Logger *slog.Logger
+	// TrustCallers makes the receiver take a delivery's trace context
+	// (traceparent) as the parent of its handling and adopt its baggage,
+	// which then reaches the handler's context and the outbox messages it
+	// enqueues. Leave it false (the default) for a provider on the public
+	// internet: the signature covers none of these headers, so any sender,
+	// or anyone replaying a signed delivery within the tolerance, would
+	// choose the trace the handling joins, whether it is sampled, and the
+	// baggage your services downstream read (a tenant, a user id). By
+	// default the handling starts a trace of its own that links the
+	// sender's, and the sender's baggage is dropped
+	// (dedupe.MessageInfo.Untrusted). Set it only when every caller is a
+	// service of yours.
+	TrustCallers bool
 	// OnError is called for every delivery that did not get a 2xx, with the
 	// status about to be written and the typed error (see error.go).
 	// Defaults to logging it through Logger: refusals at Warn, failures at
@@ -165,7 +178,11 @@ func New[TTx any](inbox *dedupe.Inbox, v Verifier, cfg Config, h dedupe.TxHandle
 		Key:         func(e Event) (string, error) { return e.key(), nil },
 		LockTimeout: c.LockTimeout,
 		MaxAttempts: c.MaxAttempts,
-		Describe:    describe,
+		Describe: func(e Event) dedupe.MessageInfo {
+			m := describe(e)
+			m.Untrusted = !c.TrustCallers
+			return m
+		},
 	}, h)
 	if err != nil {
 		return nil, fmt.Errorf("webhook: %w", err)

@@ -15,6 +15,7 @@ import (
 	"net/http"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/propagation"
 
 	dedupeotel "github.com/exactlyonce/dedupe/otel"
 	"github.com/exactlyonce/dedupe/otel/otelsetup"
@@ -55,9 +56,12 @@ func Start(ctx context.Context, o Options) (*Telemetry, error) {
 	return &Telemetry{Telemetry: tel, Observer: obs, service: o.Service}, nil
 }
 
-// Handler serves routes traced by otelhttp (a server span per request, in
-// the trace of the caller's traceparent), and the metrics at GET /metrics
-// when Options.Prometheus is set.
+// Handler serves routes traced by otelhttp, and the metrics at GET
+// /metrics when Options.Prometheus is set. The routes are public endpoints:
+// each request's server span starts a trace of its own and links the
+// caller's traceparent (otelhttp.WithPublicEndpointFn), and the caller's
+// baggage is not extracted (only the W3C trace context is), as dedupe's own
+// public endpoints do (dedupe.MessageInfo.Untrusted).
 func (t *Telemetry) Handler(routes http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	if t.MetricsHandler != nil {
@@ -65,7 +69,7 @@ func (t *Telemetry) Handler(routes http.Handler) http.Handler {
 	}
 	mux.Handle("/", otelhttp.NewHandler(routes, t.service,
 		otelhttp.WithTracerProvider(t.TracerProvider), otelhttp.WithMeterProvider(t.MeterProvider),
-		otelhttp.WithPropagators(t.Propagator)))
+		otelhttp.WithPropagators(propagation.TraceContext{}), otelhttp.WithPublicEndpointFn(func(*http.Request) bool { return true })))
 	return mux
 }
 
