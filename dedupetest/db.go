@@ -147,6 +147,22 @@ func newPool(t testing.TB, u string, maxConns int32) *pgxpool.Pool {
 	if err != nil {
 		t.Fatalf("dedupetest: pool: %v", err)
 	}
-	t.Cleanup(pool.Close)
+	t.Cleanup(func() { closePool(t, pool) })
 	return pool
+}
+
+// closePool closes pool, waiting at most DefaultTimeout: pgxpool's Close
+// waits for every acquired connection, and a handler that hangs holding one
+// (see Deliver) must not hang the test's cleanup as well.
+func closePool(t testing.TB, pool *pgxpool.Pool) {
+	done := make(chan struct{})
+	go func() {
+		pool.Close()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(DefaultTimeout):
+		t.Errorf("dedupetest: the pool did not close within %s: a handler still holds a connection (%s)", DefaultTimeout, stuckCause)
+	}
 }

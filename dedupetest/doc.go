@@ -23,6 +23,21 @@
 // dedupe.Config.Clock, which stands in for the database's clock in lease and
 // expiry decisions.
 //
+// The assertions check what the inbox stored, in the style of rivertest's:
+// RequireKey (state, attempts, stored result, last error at once),
+// RequireState, RequireAttempts, RequireResult and RequireAbsent.
+//
+// The kit fails, never hangs: every call is bounded by the test's deadline
+// (less a margin, so that the kit's message comes before go test's panic)
+// or DefaultTimeout, whichever comes first. A delivery that does not end in
+// time fails the test with its likely cause, most often a handler that
+// writes through a second connection (env.Pool) instead of its transaction
+// while more copies run at once than the pool has connections. The kit's
+// own tests show it failing the mistakes it exists to catch: a handler
+// writing outside its transaction, a key that differs per delivery (unsafe
+// under concurrent duplicates), and a handler that commits or rolls back the
+// transaction it was given.
+//
 // It is its own module so that testcontainers stays out of the dependencies
 // of programs that import only the library.
 package dedupetest

@@ -1,7 +1,6 @@
 package dedupetest
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -56,7 +55,8 @@ func New(t testing.TB, opts Options) *Env {
 	if opts.UseClock {
 		e.cfg.Clock = e.Clock.Now
 	}
-	ctx := context.Background()
+	ctx, cancel, _ := callContext(t)
+	defer cancel()
 	if err := dedupe.Migrate(ctx, e.Pool, dedupe.MigrateConfig{Schema: e.cfg.Schema, InboxTable: e.cfg.Table}); err != nil {
 		t.Fatalf("dedupetest: migrate: %v", err)
 	}
@@ -78,7 +78,9 @@ func (e *Env) Config() dedupe.Config { return e.cfg }
 // Exec runs sql on the schema and fails the test on error.
 func (e *Env) Exec(t testing.TB, sql string, args ...any) {
 	t.Helper()
-	if _, err := e.Pool.Exec(context.Background(), sql, args...); err != nil {
+	ctx, cancel, _ := callContext(t)
+	defer cancel()
+	if _, err := e.Pool.Exec(ctx, sql, args...); err != nil {
 		t.Fatalf("dedupetest: %s: %v", sql, err)
 	}
 }
@@ -86,8 +88,10 @@ func (e *Env) Exec(t testing.TB, sql string, args ...any) {
 // Count runs a query returning one integer (a count of effects).
 func (e *Env) Count(t testing.TB, sql string, args ...any) int {
 	t.Helper()
+	ctx, cancel, _ := callContext(t)
+	defer cancel()
 	var n int
-	if err := e.Pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+	if err := e.Pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
 		t.Fatalf("dedupetest: %s: %v", sql, err)
 	}
 	return n
@@ -105,7 +109,9 @@ func (e *Env) WantCount(t testing.TB, want int, sql string, args ...any) {
 // State returns the stored state of key, or "" when it is absent.
 func (e *Env) State(t testing.TB, key dedupe.Key) dedupe.State {
 	t.Helper()
-	rec, err := e.Inbox.Lookup(context.Background(), key)
+	ctx, cancel, _ := callContext(t)
+	defer cancel()
+	rec, err := e.Inbox.Lookup(ctx, key)
 	if err != nil {
 		return ""
 	}

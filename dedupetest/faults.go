@@ -1,12 +1,12 @@
 package dedupetest
 
 import (
-	"context"
 	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/dedupe"
@@ -92,47 +92,73 @@ func (f *Faulty) CutNextCommit() { f.cut.Add(1) }
 func (f *Faulty) CommitRepliesLost() int64 { return f.proxy.Stats().DroppedReplys }
 
 // failCommitSQL installs, once, a deferred constraint trigger on the inbox
-// that raises at COMMIT for the transaction that draws the armed number from
-// a sequence: sequences do not roll back, so the failure fires once.
+// that raises at COMMIT for the transaction that draws an armed number from
+// a sequence: sequences do not roll back, so each armed failure fires once.
+// A transaction draws one number, at its first inbox row (a batch writes
+// several; a transaction-local setting marks the draw). {{s}} is the kit's
+// schema, {{inbox}} the inbox table, both quoted and qualified.
 const failCommitSQL = `
-CREATE TABLE IF NOT EXISTS dedupetest_fail_commit (fail_at bigint NOT NULL);
-CREATE SEQUENCE IF NOT EXISTS dedupetest_fail_commit_seq;
-CREATE OR REPLACE FUNCTION dedupetest_fail_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE TABLE IF NOT EXISTS {{s}}.dedupetest_fail_commit (fail_at bigint NOT NULL);
+CREATE SEQUENCE IF NOT EXISTS {{s}}.dedupetest_fail_commit_seq;
+CREATE OR REPLACE FUNCTION {{s}}.dedupetest_fail_commit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF nextval('dedupetest_fail_commit_seq') IN (SELECT fail_at FROM dedupetest_fail_commit) THEN
-        RAISE EXCEPTION 'dedupetest: injected failure at COMMIT' USING ERRCODE = 'P0001';
+    IF current_setting('dedupetest.drawn', true) IS DISTINCT FROM 'yes' THEN
+        PERFORM set_config('dedupetest.drawn', 'yes', true);
+        IF nextval('{{s}}.dedupetest_fail_commit_seq') IN (SELECT fail_at FROM {{s}}.dedupetest_fail_commit) THEN
+            RAISE EXCEPTION 'dedupetest: injected failure at COMMIT' USING ERRCODE = 'P0001';
+        END IF;
     END IF;
     RETURN NULL;
 END $$;
 DROP TRIGGER IF EXISTS dedupetest_fail_commit ON {{inbox}};
 CREATE CONSTRAINT TRIGGER dedupetest_fail_commit AFTER INSERT OR UPDATE ON {{inbox}}
-    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION dedupetest_fail_commit()`
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {{s}}.dedupetest_fail_commit()`
+
+// armFailSQL arms the first number no transaction has drawn and no earlier
+// call armed: two calls arm two failures, for the next two transactions.
+const armFailSQL = `
+INSERT INTO {{s}}.dedupetest_fail_commit
+SELECT GREATEST(
+    (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM {{s}}.dedupetest_fail_commit_seq),
+    (SELECT COALESCE(max(fail_at), 0) FROM {{s}}.dedupetest_fail_commit)) + 1`
 
 // FailNextCommit makes the next transaction that writes the inbox (a
 // claim) fail at its COMMIT, after the handler ran: everything it wrote
 // rolls back, as a deferred constraint, a serialization failure at commit or
 // a disk full would. A correct consumer reports the attempt as failed and
-// the redelivery runs the handler again, once.
+// the redelivery runs the handler again, once. Each call arms one more
+// failure: called twice, the next two such transactions fail. It works on
+// an inbox in Config.Schema as on one in the Env's schema.
 func (e *Env) FailNextCommit(t testing.TB) {
 	t.Helper()
+	s := pgx.Identifier{e.Schema}.Sanitize()
+	r := strings.NewReplacer("{{s}}", s, "{{inbox}}", e.inboxTable())
+	e.Exec(t, r.Replace(failCommitSQL))
+	e.Exec(t, r.Replace(armFailSQL))
+}
+
+// inboxTable is the inbox's table, quoted and qualified when Config.Schema
+// names its schema.
+func (e *Env) inboxTable() string {
 	table := e.cfg.Table
 	if table == "" {
 		table = dedupe.DefaultTable
 	}
-	e.Exec(t, strings.ReplaceAll(failCommitSQL, "{{inbox}}", table))
-	e.Exec(t, `INSERT INTO dedupetest_fail_commit SELECT nextval('dedupetest_fail_commit_seq') + 1`)
+	if e.cfg.Schema != "" {
+		return pgx.Identifier{e.cfg.Schema, table}.Sanitize()
+	}
+	return pgx.Identifier{table}.Sanitize()
 }
 
 // ExpireLeases ends every live lease of the inbox now, as if the holders'
 // time had run out while their handlers still ran: the next Begin of each
-// key takes it over, and the old holders' Complete is refused.
+// key takes it over, and the old holders' Complete is refused. It returns
+// how many leases it ended.
 func (e *Env) ExpireLeases(t testing.TB) int {
 	t.Helper()
-	table := e.cfg.Table
-	if table == "" {
-		table = dedupe.DefaultTable
-	}
-	tag, err := e.Pool.Exec(context.Background(), `UPDATE `+table+` SET locked_until = clock_timestamp() - interval '1 millisecond'
+	ctx, cancel, _ := callContext(t)
+	defer cancel()
+	tag, err := e.Pool.Exec(ctx, `UPDATE `+e.inboxTable()+` SET locked_until = clock_timestamp() - interval '1 millisecond'
 WHERE state = 'in_flight' AND locked_until > clock_timestamp()`)
 	if err != nil {
 		t.Fatalf("dedupetest: expire leases: %v", err)
@@ -144,7 +170,8 @@ WHERE state = 'in_flight' AND locked_until > clock_timestamp()`)
 // of it report OutcomePoisoned until an operator releases it.
 func (e *Env) Poison(t testing.TB, key dedupe.Key) {
 	t.Helper()
-	ctx := context.Background()
+	ctx, cancel, _ := callContext(t)
+	defer cancel()
 	c, err := e.Inbox.Begin(ctx, key)
 	if err != nil || c.Outcome != dedupe.OutcomeClaimed {
 		t.Fatalf("dedupetest: poison %s: begin = %v, %v", key, c, err)
