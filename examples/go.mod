@@ -23,10 +23,12 @@ require (
 	github.com/exactlyonce/dedupe/adapters/kafka v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/adapters/nats v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/adapters/rabbitmq v0.0.0-00010101000000-000000000000
+	github.com/exactlyonce/dedupe/adapters/redis v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/dedupetest v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/internal/amqptest v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/internal/kafkatest v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/internal/natstest v0.0.0-00010101000000-000000000000
+	github.com/exactlyonce/dedupe/internal/redistest v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/otel v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/otel/otelsetup v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.13.0
@@ -34,6 +36,7 @@ require (
 	github.com/nats-io/nats.go v1.56.0
 	github.com/nats-io/nuid v1.0.1
 	github.com/rabbitmq/amqp091-go v1.17.0
+	github.com/redis/go-redis/v9 v9.23.0
 	github.com/segmentio/kafka-go v0.4.51
 	github.com/testcontainers/testcontainers-go/modules/postgres v0.45.0
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
@@ -124,6 +127,7 @@ require (
 	go.opentelemetry.io/otel/metric v1.47.0 // indirect
 	go.opentelemetry.io/otel/sdk/log v1.47.0 // indirect
 	go.opentelemetry.io/proto/otlp v1.11.1 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.6 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/net v0.60.0 // indirect
@@ -140,3 +144,7 @@ require (
 replace github.com/exactlyonce/dedupe/otel => ../otel
 
 replace github.com/exactlyonce/dedupe/otel/otelsetup => ../otel/otelsetup
+
+replace github.com/exactlyonce/dedupe/adapters/redis => ../adapters/redis
+
+replace github.com/exactlyonce/dedupe/internal/redistest => ../internal/redistest
