@@ -126,6 +126,11 @@ var comparisons = []comparison{
 		hand: side{name: "hand-written kafka-go consumer, offset committed per message", drain: (*bench).kafkaHandPerMessage},
 	},
 	{
+		name: "dedupeamqp.Runner", section: sectionTransport, unit: perTx, ceiling: 8000,
+		lib:  side{name: "dedupeamqp.Runner", drain: (*bench).amqpRunner},
+		hand: side{name: "hand-written amqp091-go consumer", drain: (*bench).amqpHand},
+	},
+	{
 		name: "dedupe.Relay → JetStream", section: sectionTransport, unit: perCycle, ceiling: 50000,
 		lib:  side{name: "dedupe.Relay", drain: (*bench).relayLib},
 		hand: side{name: "hand-written outbox relay", drain: (*bench).relayHand},
