@@ -12,18 +12,25 @@ replace github.com/exactlyonce/dedupe/adapters/kafka => ../../adapters/kafka
 
 replace github.com/exactlyonce/dedupe/internal/natstest => ../../internal/natstest
 
+replace github.com/exactlyonce/dedupe/adapters/rabbitmq => ../../adapters/rabbitmq
+
+replace github.com/exactlyonce/dedupe/internal/amqptest => ../../internal/amqptest
+
 replace github.com/exactlyonce/dedupe/internal/kafkatest => ../../internal/kafkatest
 
 require (
 	github.com/exactlyonce/dedupe v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/adapters/kafka v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/adapters/nats v0.0.0-00010101000000-000000000000
+	github.com/exactlyonce/dedupe/adapters/rabbitmq v0.0.0-00010101000000-000000000000
+	github.com/exactlyonce/dedupe/internal/amqptest v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/internal/kafkatest v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/internal/natstest v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/otel v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/nats-io/nats.go v1.56.0
 	github.com/nats-io/nuid v1.0.1
+	github.com/rabbitmq/amqp091-go v1.17.0
 	github.com/segmentio/kafka-go v0.4.51
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
 	go.opentelemetry.io/otel v1.47.0
