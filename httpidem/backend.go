@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -49,9 +50,18 @@ type reqTx interface {
 	end()
 	// endedBehind reports whether err, returned for one of the middleware's
 	// own statements, shows that the handler ended the transaction itself:
-	// what database/sql tells only then (sql.ErrTxDone), where pgx's guard
-	// tells it in advance (state).
+	// database/sql's sql.ErrTxDone (its Commit or Rollback called), or the
+	// claim's savepoint gone (sqlCheckClaim, or the checked COMMIT, refused:
+	// a ROLLBACK sent as a statement, perhaps followed by BEGIN, which pgx's
+	// guard cannot tell from a live transaction and database/sql not at all).
 	endedBehind(err error) bool
+	// checkClaim proves, before the middleware stores anything in the
+	// transaction, that it is still the request's (it holds the claim's
+	// savepoint), where its COMMIT does not prove it itself: over
+	// database/sql a statement the handler's ROLLBACK left outside any
+	// transaction would commit on its own. A no-op over pgx, whose COMMIT
+	// releases the savepoint first (dedupe.CheckedTxOptions).
+	checkClaim(ctx context.Context) error
 	// commitStored stores res as claim's result (a transactional claim)
 	// and commits, after rolling the handler's effects back to the
 	// savepoint taken after the claim when toSavepoint: in one round trip
@@ -65,14 +75,48 @@ type reqTx interface {
 // rollback to the savepoint, the stored result, then COMMIT; a failed
 // statement rolls the transaction back and is returned as it is.
 func commitStoredInTurn(ctx context.Context, tx reqTx, m *Middleware, claim *dedupe.Claim, res dedupe.Result, toSavepoint bool) error {
-	return m.commitAfter(ctx, tx, claim, func() error {
-		if toSavepoint {
-			if _, err := tx.querier().Exec(ctx, sqlRollbackSavepoint); err != nil {
-				return err
-			}
+	if toSavepoint { // before checkClaim, which releases this savepoint with its own
+		if _, err := tx.querier().Exec(ctx, sqlRollbackSavepoint); err != nil {
+			rollback(ctx, tx)
+			return err
 		}
-		return m.inbox.StoreResultTx(ctx, tx.querier(), claim, res)
-	})
+	}
+	return m.commitAfter(ctx, tx, claim, func() error { return m.inbox.StoreResultTx(ctx, tx.querier(), claim, res) })
+}
+
+// endedBehind is reqTx.endedBehind for both clients.
+func endedBehind(err error) bool {
+	return err != nil && (errors.Is(err, sql.ErrTxDone) || errors.Is(dedupe.CommitError(err), dedupe.ErrTxEnded))
+}
+
+// noTxOpen reports whether err says that no transaction was open when the
+// middleware's statement ran (SQLSTATE 25P01): the handler ended the
+// request transaction and began none, so that its later statements, over
+// database/sql, ran and committed on their own.
+func noTxOpen(err error) bool {
+	var s interface{ SQLState() string }
+	return errors.As(err, &s) && s.SQLState() == "25P01"
+}
+
+// checkedBegin returns opts for the handler's transaction in leased mode:
+// its BEGIN takes the claim's savepoint in the same round trip, and its
+// COMMIT releases it first (dedupe.CheckedTxOptions).
+func checkedBegin(opts pgx.TxOptions) pgx.TxOptions {
+	begin := opts.BeginQuery
+	if begin == "" {
+		begin = "begin"
+		if opts.IsoLevel != "" {
+			begin += " isolation level " + string(opts.IsoLevel)
+		}
+		if opts.AccessMode != "" {
+			begin += " " + string(opts.AccessMode)
+		}
+		if opts.DeferrableMode != "" {
+			begin += " " + string(opts.DeferrableMode)
+		}
+	}
+	opts.BeginQuery = begin + "; " + sqlClaimSavepoint
+	return dedupe.CheckedTxOptions(opts)
 }
 
 // newBackend returns the backend of db, a pgx pool or a database/sql
@@ -103,7 +147,7 @@ type pgxBackend struct{ db pgxDB }
 func (b pgxBackend) isSQL() bool { return false }
 
 func (b pgxBackend) claimOnce(ctx context.Context, m *Middleware, key dedupe.Key) (reqTx, *dedupe.Claim, error) {
-	p := &pipelinedTx{db: b.db, opts: m.cfg.TxOptions, lockTimeout: m.lockTimeout,
+	p := &pipelinedTx{db: b.db, opts: dedupe.CheckedTxOptions(m.cfg.TxOptions), lockTimeout: m.lockTimeout,
 		savepoint: m.cfg.ServerErrors == StoreServerErrors}
 	claim, err := m.inbox.Claim(ctx, p, key)
 	if err == nil && claim.Outcome == dedupe.OutcomeClaimed {
@@ -116,7 +160,7 @@ func (b pgxBackend) claimOnce(ctx context.Context, m *Middleware, key dedupe.Key
 }
 
 func (b pgxBackend) begin(ctx context.Context, opts pgx.TxOptions) (reqTx, error) {
-	tx, err := b.db.BeginTx(ctx, opts)
+	tx, err := b.db.BeginTx(ctx, checkedBegin(opts))
 	if err != nil {
 		return nil, err
 	}
@@ -135,11 +179,12 @@ type pgxReq struct {
 	done bool
 }
 
-func (r *pgxReq) querier() dedupe.Querier { return r.g.Tx }
-func (r *pgxReq) state() txState          { return stateOf(r.g.Tx) }
-func (r *pgxReq) handlerTx() any          { return r.g }
-func (r *pgxReq) end()                    { r.g.End() }
-func (r *pgxReq) endedBehind(error) bool  { return false }
+func (r *pgxReq) querier() dedupe.Querier          { return r.g.Tx }
+func (r *pgxReq) state() txState                   { return stateOf(r.g.Tx) }
+func (r *pgxReq) handlerTx() any                   { return r.g }
+func (r *pgxReq) end()                             { r.g.End() }
+func (r *pgxReq) endedBehind(err error) bool       { return endedBehind(err) }
+func (r *pgxReq) checkClaim(context.Context) error { return nil }
 
 func (r *pgxReq) commit(ctx context.Context) error {
 	if r.done {
@@ -178,6 +223,7 @@ func (r *pgxReq) commitStored(ctx context.Context, m *Middleware, claim *dedupe.
 	if toSavepoint {
 		b.Queue(sqlRollbackSavepoint)
 	}
+	b.Queue(sqlCheckClaim) // fails unless this is still the request's transaction
 	if err := m.inbox.QueueStoreResult(b, claim, res); err != nil {
 		_ = r.rollback(ctx)
 		return err
@@ -221,11 +267,11 @@ type sqlBackend struct{ db *sql.DB }
 func (b sqlBackend) isSQL() bool { return true }
 
 func (b sqlBackend) claimOnce(ctx context.Context, m *Middleware, key dedupe.Key) (reqTx, *dedupe.Claim, error) {
-	tx, err := b.begin(ctx, m.cfg.TxOptions)
+	tx, err := b.beginTx(ctx, m.cfg.TxOptions, "")
 	if err != nil {
 		return nil, nil, err
 	}
-	claim, err := b.claimIn(ctx, m, tx.(*sqlReq), key)
+	claim, err := b.claimIn(ctx, m, tx, key)
 	if err != nil || claim.Outcome != dedupe.OutcomeClaimed {
 		_ = tx.rollback(ctx)
 		return nil, claim, err
@@ -244,7 +290,7 @@ func (b sqlBackend) claimIn(ctx context.Context, m *Middleware, tx *sqlReq, key 
 	if err != nil || claim.Outcome != dedupe.OutcomeClaimed {
 		return claim, err
 	}
-	stmt := sqlRestoreLockTimeout
+	stmt := sqlRestoreLockTimeout + "; " + sqlClaimSavepoint
 	if m.cfg.ServerErrors == StoreServerErrors {
 		stmt += "; " + sqlSavepoint
 	}
@@ -252,7 +298,15 @@ func (b sqlBackend) claimIn(ctx context.Context, m *Middleware, tx *sqlReq, key 
 	return claim, err
 }
 
+// begin begins the handler's transaction (leased mode) with the claim's
+// savepoint.
 func (b sqlBackend) begin(ctx context.Context, opts pgx.TxOptions) (reqTx, error) {
+	return b.beginTx(ctx, opts, sqlClaimSavepoint)
+}
+
+// beginTx begins a transaction and runs then, if not "", in it (with SET
+// TRANSACTION DEFERRABLE when opts ask for it, in one statement).
+func (b sqlBackend) beginTx(ctx context.Context, opts pgx.TxOptions, then string) (*sqlReq, error) {
 	so := txopts.SQL(opts)
 	// database/sql rolls a transaction back when the context it was begun
 	// with ends: the request's must not end it (the middleware settles the
@@ -263,7 +317,10 @@ func (b sqlBackend) begin(ctx context.Context, opts pgx.TxOptions) (reqTx, error
 	}
 	r := &sqlReq{tx: tx, q: dedupe.SQLTx(tx)}
 	if opts.DeferrableMode == pgx.Deferrable {
-		if _, err := r.q.Exec(ctx, "SET TRANSACTION DEFERRABLE"); err != nil {
+		then = strings.TrimSuffix("SET TRANSACTION DEFERRABLE; "+then, "; ")
+	}
+	if then != "" {
+		if _, err := r.q.Exec(ctx, then); err != nil {
 			_ = tx.Rollback()
 			return nil, err
 		}
@@ -284,11 +341,14 @@ func (r *sqlReq) rollback(context.Context) error { return r.tx.Rollback() }
 // state cannot be read without a round trip: a transaction the handler
 // ended shows on the middleware's next statement (endedBehind), a failed
 // or broken one when its statements or its COMMIT are refused.
-func (r *sqlReq) state() txState { return txOpen }
-func (r *sqlReq) handlerTx() any { return r.tx }
-func (r *sqlReq) end()           {}
-func (r *sqlReq) endedBehind(err error) bool {
-	return errors.Is(err, sql.ErrTxDone)
+func (r *sqlReq) state() txState             { return txOpen }
+func (r *sqlReq) handlerTx() any             { return r.tx }
+func (r *sqlReq) end()                       {}
+func (r *sqlReq) endedBehind(err error) bool { return endedBehind(err) }
+
+func (r *sqlReq) checkClaim(ctx context.Context) error {
+	_, err := r.q.Exec(ctx, sqlCheckClaim)
+	return err
 }
 
 func (r *sqlReq) commitStored(ctx context.Context, m *Middleware, claim *dedupe.Claim, res dedupe.Result, toSavepoint bool) error {

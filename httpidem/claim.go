@@ -89,6 +89,7 @@ func (p *pipelinedTx) begin(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 	if b != nil {
 		nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries...)
 		nb.Queue(sqlRestoreLockTimeout)
+		nb.Queue(sqlClaimSavepoint)
 		if p.savepoint {
 			nb.Queue(sqlSavepoint)
 		}
@@ -165,7 +166,7 @@ func (p *pipelinedTx) settle(ctx context.Context) error {
 	if p.pipelined && !p.relocked {
 		return nil
 	}
-	sql := sqlRestoreLockTimeout
+	sql := sqlRestoreLockTimeout + "; " + sqlClaimSavepoint
 	if p.savepoint {
 		sql += "; " + sqlSavepoint
 	}

@@ -40,8 +40,8 @@
 // handlers take it with SQLTx, a *sql.Tx: both modes and every guarantee
 // above hold on either; over database/sql, BEGIN, the lock timeout, the claim
 // and the savepoint are sent one after the other rather than in one round
-// trip, and a handler that ends its *sql.Tx itself is found out on the
-// middleware's next statement (see SQLTx).
+// trip, and a handler that ends its *sql.Tx itself (its Commit or Rollback,
+// or a statement) is found out before anything of it is stored (see SQLTx).
 //
 // Responses over Config.MaxResponseBytes (1 MiB by default) are refused:
 // the work is rolled back, the key released and 500 answered

@@ -39,9 +39,12 @@ type settlement struct {
 	claim         *dedupe.Claim
 	tx            reqTx // the request transaction, nil if none
 	status        txState
-	transactional bool         // the claim is in tx
-	log           *slog.Logger // built by logger when first needed
-	err           error        // for the Observer: why the key was not settled with a stored answer (nil when it was)
+	transactional bool // the claim is in tx
+	// idle: over database/sql, the handler ended the transaction and began
+	// none, so that its later statements may have committed on their own.
+	idle bool
+	log  *slog.Logger // built by logger when first needed
+	err  error        // for the Observer: why the key was not settled with a stored answer (nil when it was)
 }
 
 func (m *Middleware) newSettlement(rctx context.Context, claim *dedupe.Claim, tx reqTx) *settlement {
@@ -65,6 +68,7 @@ func (s *settlement) endedBehind(err error) bool {
 		return false
 	}
 	s.status = txEnded
+	s.idle = s.m.be.isSQL() && noTxOpen(err)
 	return true
 }
 
@@ -204,10 +208,33 @@ func (s *settlement) ended(w http.ResponseWriter, r *http.Request) {
 	case broken:
 		s.logger().ErrorContext(s.ctx, "httpidem: the request transaction's connection was lost; nothing committed")
 		m.refuse(w, r, &Error{Status: http.StatusServiceUnavailable, Err: ErrStore, Detail: "nothing was committed", RetryAfter: 1})
+	case s.idle:
+		// The claim went with the handler's ROLLBACK, but the statements
+		// it sent after it ran outside any transaction, over database/sql,
+		// and may have committed: the key answers 500 from now on, so that
+		// they run at most once.
+		s.logger().ErrorContext(s.ctx, "httpidem: the handler rolled the request transaction back itself and wrote on outside it; the key answers 500 from now on")
+		rec := newRecorder(context.Background(), m.cfg.MaxResponseBytes, false)
+		WriteError(rec, r, endedErr)
+		if err := s.storeAgain(rec.result(m.cfg.StoredHeaders)); err != nil {
+			s.logger().ErrorContext(s.ctx, "httpidem: storing the error response failed", "err", err)
+		}
+		rec.writeTo(w)
 	default:
 		s.logger().ErrorContext(s.ctx, "httpidem: the handler rolled the request transaction back itself; nothing committed")
 		m.refuse(w, r, endedErr)
 	}
+}
+
+// storeAgain claims the key of a transactional request whose claim was
+// rolled back and stores res as its answer (a leased claim completed at
+// once). A key a concurrent retry claimed meanwhile is left to it.
+func (s *settlement) storeAgain(res dedupe.Result) error {
+	c, err := s.m.inbox.Begin(s.ctx, s.claim.Key)
+	if err != nil || c.Outcome != dedupe.OutcomeClaimed {
+		return err
+	}
+	return s.m.inbox.Complete(s.ctx, c, res)
 }
 
 // abandon rolls the request's work back and frees the key, so that a retry
@@ -235,9 +262,14 @@ func (s *settlement) releaseLeased(cause error) {
 	}
 }
 
-// commitAfter runs store in tx and commits (commitTx), or rolls tx back
-// and returns store's error.
+// commitAfter proves that tx is still the request's (checkClaim), runs
+// store in it and commits (commitTx), or rolls tx back and returns the
+// check's or store's error.
 func (m *Middleware) commitAfter(ctx context.Context, tx reqTx, claim *dedupe.Claim, store func() error) error {
+	if err := tx.checkClaim(ctx); err != nil {
+		rollback(ctx, tx)
+		return err
+	}
 	if err := store(); err != nil {
 		rollback(ctx, tx)
 		return err

@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/dedupe"
 )
 
 // All SQL of the package: the statements that frame a transactional claim
@@ -27,6 +29,14 @@ const (
     $1::text || left(set_config('httpidem.lock_timeout', current_setting('lock_timeout'), true), 0), true)`
 	// sqlRestoreLockTimeout restores the kept value.
 	sqlRestoreLockTimeout = `SELECT set_config('lock_timeout', current_setting('httpidem.lock_timeout'), true)`
+	// sqlClaimSavepoint is taken right after the claim (transactional mode)
+	// or BEGIN (the handler's transaction in leased mode): only the
+	// transaction that took it holds it, so that releasing it before the
+	// commit (sqlCheckClaim, or dedupe.CheckedTxOptions' COMMIT) proves the
+	// transaction is still the request's, not one the handler ended
+	// (a ROLLBACK sent as a statement) and perhaps began again.
+	sqlClaimSavepoint = `SAVEPOINT ` + dedupe.ClaimSavepoint
+	sqlCheckClaim     = `RELEASE SAVEPOINT ` + dedupe.ClaimSavepoint
 	// sqlSavepoint and sqlRollbackSavepoint bracket the handler's effects.
 	sqlSavepoint         = `SAVEPOINT httpidem_claim`
 	sqlRollbackSavepoint = `ROLLBACK TO SAVEPOINT httpidem_claim`

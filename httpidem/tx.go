@@ -59,13 +59,20 @@ func Tx(ctx context.Context) (pgx.Tx, error) {
 // mode, and which the middleware commits with the stored response or rolls
 // back, as with Tx.
 //
-// A *sql.Tx cannot be guarded: do not call its Commit or Rollback. A
-// handler that does is found out on the middleware's next statement and
-// answered as one that ended its transaction behind the middleware's back
-// (ErrTxEnded; in transactional mode a fresh connection tells whether the
-// claim committed with it). A COMMIT or ROLLBACK sent as a statement is not
-// seen: the statements that follow, the middleware's included, then run
-// outside any transaction.
+// A *sql.Tx cannot be guarded: do not call its Commit or Rollback, nor send
+// COMMIT or ROLLBACK as a statement. A handler that does is found out on the
+// middleware's next statement, which proves that the transaction still
+// holds the savepoint taken right after the claim (or BEGIN) before the
+// middleware stores anything, and answered as one that ended its
+// transaction behind the middleware's back (ErrTxEnded; in transactional
+// mode a fresh connection tells whether the claim committed with it):
+// nothing is stored in, nor committed with, a transaction the handler ended,
+// or began again, and no 2xx is stored for work that did not commit, in
+// either mode. Statements the handler sent after its ROLLBACK, outside any
+// transaction, committed on their own: the key then answers 500 from now on,
+// so that they run at most once. This costs one round trip per request over
+// database/sql (and, in leased mode, one more when the handler opens its
+// transaction); over pgx the check goes with statements already sent.
 //
 // SQLTx returns ErrNoTx outside a request claimed by the middleware,
 // ErrTxManaged once the handler has returned, and ErrWrongDriver over a
