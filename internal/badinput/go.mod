@@ -8,15 +8,19 @@ replace github.com/exactlyonce/dedupe/adapters/nats => ../../adapters/nats
 
 replace github.com/exactlyonce/dedupe/adapters/kafka => ../../adapters/kafka
 
+replace github.com/exactlyonce/dedupe/adapters/rabbitmq => ../../adapters/rabbitmq
+
 replace github.com/exactlyonce/dedupe/internal/natstest => ../natstest
 
 require (
 	github.com/exactlyonce/dedupe v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/adapters/kafka v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/adapters/nats v0.0.0-00010101000000-000000000000
+	github.com/exactlyonce/dedupe/adapters/rabbitmq v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/internal/natstest v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/nats-io/nats.go v1.56.0
+	github.com/rabbitmq/amqp091-go v1.17.0
 	github.com/segmentio/kafka-go v0.4.51
 )
 
