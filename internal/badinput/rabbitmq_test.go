@@ -28,10 +28,12 @@ func TestRabbitMQAdapterRefusals(t *testing.T) {
 			_, err := dedupeamqp.New[pgx.Tx](e.inbox, url, "q", dedupeamqp.Config{}, nil)
 			return err
 		},
-		"not an AMQP URL":        func() error { return newRunner("http://127.0.0.1/", "q", dedupeamqp.Config{}) },
-		"no queue":               func() error { return newRunner(url, "", dedupeamqp.Config{}) },
-		"scope with a NUL":       func() error { return newRunner(url, "q", dedupeamqp.Config{Scope: "a\x00"}) },
-		"client recovery":        func() error { return newRunner(url, "q", dedupeamqp.Config{AMQP: amqp.Config{Recovery: &amqp.Recovery{}}}) },
+		"not an AMQP URL":  func() error { return newRunner("http://127.0.0.1/", "q", dedupeamqp.Config{}) },
+		"no queue":         func() error { return newRunner(url, "", dedupeamqp.Config{}) },
+		"scope with a NUL": func() error { return newRunner(url, "q", dedupeamqp.Config{Scope: "a\x00"}) },
+		"client recovery": func() error {
+			return newRunner(url, "q", dedupeamqp.Config{AMQP: amqp.Config{Recovery: &amqp.Recovery{}}})
+		},
 		"prefetch below workers": func() error { return newRunner(url, "q", dedupeamqp.Config{Workers: 8, Prefetch: 2}) },
 		"prefetch over 65535":    func() error { return newRunner(url, "q", dedupeamqp.Config{Prefetch: 70000}) },
 		"attempts past the delivery limit": func() error {
