@@ -27,8 +27,12 @@
 //     message is held, marked in progress, and retried with Config.Backoff
 //     (each failed try is reported as dedupe.EventRetried);
 //   - a message without a usable key, or a key reused with another payload:
-//     copied to Config.DeadLetterSubject when set, then Term (without it,
-//     only the log, at error level, and the Observer report it);
+//     refused. It is recorded failed in the inbox under RefusedKey
+//     ("dedupenats-refused/<stream>/<sequence>/<timestamp>", as the Kafka
+//     runner does), copied to Config.DeadLetterSubject when set, then Term.
+//     Without a dead-letter subject the record is required: while the
+//     database cannot make it the message is naked with backoff (held at its
+//     last delivery), never terminated unseen;
 //   - shutdown: in-flight work gets Config.DrainTimeout to commit; what did
 //     not commit is rolled back and handed back (Nak) with the buffered
 //     messages, so another runner takes them at once. Uncommitted work is

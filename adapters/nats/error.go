@@ -6,8 +6,10 @@ import (
 )
 
 // ErrNoKey is matched by every *KeyError: the key function could not produce
-// a key for a message. Such a message is terminated (it can never be
-// deduplicated) and reported to the inbox's Observer (dedupe.EventRefused).
+// a key for a message. Such a message is refused (it can never be
+// deduplicated): recorded failed under RefusedKey, copied to
+// Config.DeadLetterSubject when set, terminated, and reported to the inbox's
+// Observer (dedupe.EventRefused).
 var ErrNoKey = errors.New("dedupenats: message has no usable key")
 
 // ErrIteratorClosed is returned by Runner.Run when it cannot pull messages

@@ -133,24 +133,53 @@ func (r *Runner) recordFailed(ctx context.Context, d *delivery, cause error) (do
 
 // reject ends a message that can never be processed (dedupe.EventRefused):
 // it has no usable key, or its key was used with another payload (cause).
-// With Config.DeadLetterSubject it is copied there before it is
-// terminated; a failed copy is retried (at the last delivery, held and
-// retried until it succeeds). Without it the message is terminated, which
-// is logged at error level. It returns what Handle does.
+// As the Kafka runner does, it records the message failed in the inbox
+// under RefusedKey, so that it stays visible there (dedupe inspect) whether
+// or not a dead-letter subject is set. Without Config.DeadLetterSubject the
+// record is required: until it is made the message is naked with backoff
+// (at the last delivery, held and retried), never terminated unseen. With
+// it, the record is made when the database allows, and the message is
+// copied there before it is terminated; a failed copy is retried (at the
+// last delivery, held and retried until it succeeds). It returns what
+// Handle does.
 func (r *Runner) reject(ctx context.Context, p phase, d *delivery, cause error, last bool) error {
 	r.event(ctx, dedupe.EventRefused, d, cause, 0)
+	rctx := context.WithoutCancel(ctx)
+	d.key = dedupe.Key{Scope: r.cfg.Scope, ID: RefusedKey(d.msg)}
 	if r.cfg.DeadLetterSubject == "" {
-		r.term(ctx, d, cause)
-		return cause
+		if last {
+			_, err := r.settle(ctx, d, cause, true)
+			return err
+		}
+		done, _, res, err := r.recordFailed(rctx, d, cause)
+		if done {
+			return res
+		}
+		res = errors.Join(cause, err)
+		r.nak(ctx, p, d, res, r.cfg.Backoff(max(int(d.num), 1)))
+		return res
+	}
+	if err := r.recordRefused(rctx, d, cause); err != nil {
+		r.cfg.Logger.WarnContext(ctx, "dedupenats: recording a refused message failed; dead-lettering it",
+			"scope", r.cfg.Scope, "key", d.key.ID, "subject", d.msg.Subject(), "err", err)
 	}
 	if last {
 		_, err := r.settle(ctx, d, cause, false)
 		return err
 	}
-	res, derr := r.deadLetterTerm(context.WithoutCancel(ctx), d, cause)
+	res, derr := r.deadLetterTerm(rctx, d, cause)
 	if derr != nil {
 		res = errors.Join(cause, derr)
 		r.nak(ctx, p, d, res, r.cfg.Backoff(max(int(d.num), 1)))
 	}
 	return res
+}
+
+// recordRefused records a refused message's RefusedKey (d.key) failed with
+// cause, once, within Config.AckTimeout. An earlier delivery's record counts.
+func (r *Runner) recordRefused(ctx context.Context, d *delivery, cause error) error {
+	rctx, cancel := context.WithTimeout(ctx, r.cfg.AckTimeout)
+	defer cancel()
+	_, _, err := r.inbox.RecordFailure(rctx, d.key, dedupe.Permanent(cause))
+	return err
 }
