@@ -41,7 +41,7 @@ func (i *Inbox) Claim(ctx context.Context, tx Querier, key Key) (*Claim, error) 
 	// which the insert returns, so the read skips it (a new key reads and
 	// returns no row). Run one by one (database/sql), the read is sent
 	// only when the insert found the key taken.
-	n, ahead := i.ahead.next()
+	n, ahead := i.ahead.Next()
 	read := readOthers
 	if !ahead && i.drv.pipelines() {
 		read = readLater
@@ -52,7 +52,7 @@ func (i *Inbox) Claim(ctx context.Context, tx Querier, key Key) (*Claim, error) 
 		return nil, translate(err)
 	}
 	if !round.inserted {
-		i.ahead.found(n)
+		i.ahead.Found(n)
 		if read == readLater {
 			// Not this claim's row: the insert returned none.
 			rec, err := i.lookup(ctx, tx, key)

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/dedupe/internal/direct"
 )
 
 // TxHandlerFunc processes one message inside tx, the transaction that also
@@ -125,7 +127,7 @@ func newTxDriver[M any](inbox *Inbox, cfg *ConsumerConfig[M]) (txDriver, error) 
 	}
 	d := txDriver{inbox: inbox, txOpts: pgx.TxOptions{IsoLevel: cfg.IsoLevel}}
 	if p, ok := inbox.drv.(pgxDriver); ok && p.direct != nil {
-		d.direct, d.directBegin = p.direct, newDirectBegin(d.txOpts)
+		d.direct, d.directBegin = p.direct, direct.NewBegin(d.txOpts)
 	}
 	switch {
 	case cfg.MaxAttempts == 0:

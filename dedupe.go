@@ -40,6 +40,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/exactlyonce/dedupe/internal/direct"
 )
 
 // DB is the database of an Inbox or Outbox: a pgx pool (*pgxpool.Pool, the
@@ -195,11 +197,11 @@ type Inbox struct {
 	// arguments, converted once rather than on every claim.
 	leaseArg, retentionArg any
 	// direct holds the statements of the direct claim round, nil when the
-	// driver cannot send it (pgxdirect.go).
-	direct *directStmts
+	// driver cannot send it (pgxdirect.go, internal/direct).
+	direct *direct.Stmts
 	// ahead decides whether a claim sends the read of an existing key with
-	// its insert (peekahead.go).
-	ahead peekAhead
+	// its insert (direct.Ahead).
+	ahead direct.Ahead
 }
 
 // New returns an Inbox over db; the zero Config is the defaults. New does not
@@ -224,6 +226,11 @@ func New(db DB, cfg Config) (*Inbox, error) {
 		i.direct = newDirectStmts(&i.q) // used over pgx's stdlib only
 	}
 	return i, nil
+}
+
+// newDirectStmts are the direct round's statements of an inbox's queries.
+func newDirectStmts(q *queries) *direct.Stmts {
+	return direct.NewStmts(q.claimInsert, q.peek, sqlTxSettings, sqlSavepoint)
 }
 
 // Config returns the inbox's configuration with defaults filled in.

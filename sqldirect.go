@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/exactlyonce/dedupe/internal/direct"
 	"github.com/exactlyonce/dedupe/internal/txopts"
 )
 
@@ -19,11 +20,11 @@ import (
 // statement mode), the claim goes through SQLDB.begin as before.
 
 // claimDirect begins a transaction of d and claims r in it. It returns
-// errNoDirect, having claimed nothing, when the claim must go through
+// direct.ErrNoDirect, having claimed nothing, when the claim must go through
 // SQLDB.begin instead.
 func (d *SQLDB) claimDirect(ctx context.Context, i *Inbox, opts pgx.TxOptions, lockTimeout string, r *claimReq) (txConn, *claimRound, error) {
-	args := &directArgs{}
-	args.encode(i, r, lockTimeout)
+	args := &direct.Args{}
+	args.Encode(i.directParams(r), lockTimeout)
 	t, err := d.beginTx(ctx, txopts.SQL(opts), true)
 	if err != nil {
 		return nil, nil, err
@@ -40,16 +41,16 @@ func (d *SQLDB) claimDirect(ctx context.Context, i *Inbox, opts pgx.TxOptions, l
 	}
 	var round *claimRound
 	err = d.rawPgx(t, func(conn *pgx.Conn) (err error) {
-		st := stateOf(conn)
-		if !st.ok {
-			return errNoDirect
+		st := direct.StateOf(conn)
+		if !st.OK() {
+			return direct.ErrNoDirect
 		}
 		round, err = sendDirect(ctx, conn, st, i, nil, args, r)
-		if staleStatement(err) {
+		if direct.StaleStatement(err) {
 			// The transaction is aborted: the statements are prepared anew
 			// on this connection by its next round, and the claim runs
 			// again in a new transaction.
-			st.stale = true
+			st.MarkStale()
 			err = wrap(ErrRetryable, err)
 		}
 		return err
@@ -58,8 +59,8 @@ func (d *SQLDB) claimDirect(ctx context.Context, i *Inbox, opts pgx.TxOptions, l
 		_ = t.Rollback(context.WithoutCancel(ctx))
 		switch {
 		case errors.Is(err, errNotPgx):
-			err = errNoDirect
-		case errors.Is(err, errDirectTypes):
+			err = direct.ErrNoDirect
+		case errors.Is(err, direct.ErrTypes):
 			i.directOff(ctx)
 		}
 		return nil, nil, err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/exactlyonce/dedupe/internal/direct"
 	"github.com/exactlyonce/dedupe/internal/pgerr"
 )
 
@@ -23,7 +24,7 @@ type txDriver struct {
 	// direct and directBegin send the claim round straight over pgconn
 	// (pgxdirect.go); nil where the driver cannot.
 	direct      *pgxDirect
-	directBegin *directBegin
+	directBegin *direct.Begin
 	// checked is set for a Consumer: its COMMIT proves that the
 	// transaction still holds the claim (checkCommits).
 	checked bool
@@ -51,17 +52,17 @@ func (d *txDriver) beginBatch() *pgx.Batch {
 // taken (a driver that sends statements one by one takes it only for a new
 // key).
 func (d *txDriver) beginClaim(ctx context.Context, r *claimReq) (tx txConn, round *claimRound, savepoint bool, err error) {
-	if d.direct != nil && !d.direct.off.Load() && !d.inbox.direct.off.Load() {
+	if d.direct != nil && !d.direct.off.Load() && !d.inbox.direct.Off.Load() {
 		tx, round, err := d.direct.claimDirect(ctx, d.inbox, d.directBegin, d.settings, r)
-		if !errors.Is(err, errDirectTypes) && !errors.Is(err, errNoDirect) {
+		if !errors.Is(err, direct.ErrTypes) && !errors.Is(err, direct.ErrNoDirect) {
 			return tx, round, true, translate(err)
 		}
 	}
-	if sd, ok := d.inbox.drv.(*SQLDB); ok && !sd.notPgx.Load() && !sd.noDirect.Load() && !d.inbox.direct.off.Load() {
+	if sd, ok := d.inbox.drv.(*SQLDB); ok && !sd.notPgx.Load() && !sd.noDirect.Load() && !d.inbox.direct.Off.Load() {
 		tx, round, err := sd.claimDirect(ctx, d.inbox, d.txOpts, d.settings, r)
-		if errors.Is(err, errNoDirect) {
+		if errors.Is(err, direct.ErrNoDirect) {
 			sd.noDirect.Store(true)
-		} else if !errors.Is(err, errDirectTypes) {
+		} else if !errors.Is(err, direct.ErrTypes) {
 			return tx, round, true, translate(err)
 		}
 	}
@@ -117,7 +118,7 @@ func inFlightOr(err error) (Outcome, error) {
 func (d *txDriver) checkCommits() {
 	d.txOpts.CommitQuery = sqlCommitClaim
 	if d.directBegin != nil {
-		d.directBegin = newDirectBegin(d.txOpts)
+		d.directBegin = direct.NewBegin(d.txOpts)
 	}
 	d.checked = true
 }

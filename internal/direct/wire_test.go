@@ -1,4 +1,4 @@
-package dedupe
+package direct
 
 import (
 	"encoding/binary"
@@ -22,8 +22,8 @@ func FuzzWireDecode(f *testing.F) {
 	m := pgtype.NewMap()
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var wantTime time.Time
-		gotTime, err := wireTimestamptz(b)
-		werr := m.Scan(oidTimestamptz, 1, b, &wantTime)
+		gotTime, err := WireTimestamptz(b)
+		werr := m.Scan(OIDTimestamptz, 1, b, &wantTime)
 		switch {
 		case err == nil && werr == nil:
 			if !gotTime.Equal(wantTime) {
@@ -37,27 +37,27 @@ func FuzzWireDecode(f *testing.F) {
 			t.Fatalf("timestamptz %x read as %v, pgx err %v", b, gotTime, werr)
 		}
 		var wantDur time.Duration
-		gotDur, err := wireInterval(b)
-		if werr := m.Scan(oidInterval, 1, b, &wantDur); (err == nil) != (werr == nil) {
+		gotDur, err := WireInterval(b)
+		if werr := m.Scan(OIDInterval, 1, b, &wantDur); (err == nil) != (werr == nil) {
 			t.Fatalf("interval %x: err %v, pgx err %v", b, err, werr)
 		} else if err == nil && gotDur != wantDur {
 			t.Fatalf("interval %x = %v, pgx %v", b, gotDur, wantDur)
 		}
 		var want4 int
-		got4, err := wireInt4(b)
-		if werr := m.Scan(oidInt4, 1, b, &want4); (err == nil) != (werr == nil) {
+		got4, err := WireInt4(b)
+		if werr := m.Scan(OIDInt4, 1, b, &want4); (err == nil) != (werr == nil) {
 			t.Fatalf("int4 %x: err %v, pgx err %v", b, err, werr)
 		} else if err == nil && got4 != want4 {
 			t.Fatalf("int4 %x = %d, pgx %d", b, got4, want4)
 		}
 		var want8 int64
-		got8, err := wireInt8(b)
-		if werr := m.Scan(oidInt8, 1, b, &want8); (err == nil) != (werr == nil) {
+		got8, err := WireInt8(b)
+		if werr := m.Scan(OIDInt8, 1, b, &want8); (err == nil) != (werr == nil) {
 			t.Fatalf("int8 %x: err %v, pgx err %v", b, err, werr)
 		} else if err == nil && got8 != want8 {
 			t.Fatalf("int8 %x = %d, pgx %d", b, got8, want8)
 		}
-		if got := wireState(b); got != string(b) {
+		if got := WireState(b); got != string(b) {
 			t.Fatalf("state %q = %q", b, got)
 		}
 	})
@@ -73,33 +73,33 @@ func TestWireEncode(t *testing.T) {
 		time.Date(1970, 1, 1, 0, 0, 0, 1, time.UTC),
 		time.Date(2300, 6, 1, 0, 0, 0, 0, time.Local),
 	} {
-		want, err := m.Encode(oidTimestamptz, 1, tm, nil)
+		want, err := m.Encode(OIDTimestamptz, 1, tm, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := appendTimestamptz(nil, tm); string(got) != string(want) {
+		if got := AppendTimestamptz(nil, tm); string(got) != string(want) {
 			t.Errorf("timestamptz %v: %x, pgx %x", tm, got, want)
 		}
-		back, err := wireTimestamptz(want)
+		back, err := WireTimestamptz(want)
 		if err != nil || !back.Equal(tm.Truncate(time.Microsecond)) {
 			t.Errorf("timestamptz %v read back as %v, %v", tm, back, err)
 		}
 	}
 	for _, d := range []time.Duration{0, time.Second, 7 * 24 * time.Hour, -90 * time.Minute, 1500 * time.Nanosecond, -1500 * time.Nanosecond} {
-		want, err := m.Encode(oidInterval, 1, d, nil)
+		want, err := m.Encode(OIDInterval, 1, d, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := appendInterval(nil, d); string(got) != string(want) {
+		if got := AppendInterval(nil, d); string(got) != string(want) {
 			t.Errorf("interval %v: %x, pgx %x", d, got, want)
 		}
 	}
 	for _, v := range []int64{0, 1, -1, 1 << 62, -(1 << 63)} {
-		want, err := m.Encode(oidInt8, 1, v, nil)
+		want, err := m.Encode(OIDInt8, 1, v, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := appendInt8(nil, v); string(got) != string(want) {
+		if got := AppendInt8(nil, v); string(got) != string(want) {
 			t.Errorf("int8 %d: %x, pgx %x", v, got, want)
 		}
 	}
