@@ -17,7 +17,7 @@ import (
 //
 // A claim costs one round trip. Over pgx, the read of an existing key goes
 // to the server with the claim while one of the inbox's recent claims found
-// its key taken (peekahead.go), so a stream of duplicates costs one round
+// its key taken (internal/direct.Ahead), so a stream of duplicates costs one round
 // trip each; after a run of new keys a new key sends no read, and a claim
 // that finds its key taken reads it in a second round trip. Over
 // database/sql the read always follows a claim that found its key taken.
@@ -170,7 +170,7 @@ const (
 	readPeek
 	// readLater queues no read: the caller reads a key that the insert found
 	// taken after the round (Inbox.Claim over pgx, when none of the inbox's
-	// recent claims found its key taken: peekahead.go).
+	// recent claims found its key taken: internal/direct.Ahead).
 	readLater
 )
 

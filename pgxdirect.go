@@ -31,7 +31,7 @@ import (
 // Anywhere else (a tracer, which must see every statement; another
 // statement mode, such as one chosen for PgBouncer; a type that is neither
 // pool nor connection; database/sql other than over pgx's stdlib, whose
-// round sqldirect.go sends through sendDirect) the round goes through pgx's
+// round SQLDB.claimDirect sends through sendDirect) the round goes through pgx's
 // batch.
 
 // pgxDirect sends direct claim rounds over a pool or a connection.
@@ -104,7 +104,7 @@ func (t *pooledTx) release() {
 
 // claimDirect begins a transaction on a connection of d and claims r in
 // it: BEGIN (begin.sql), the lock timeout when set, the claim, the peek
-// (when the inbox's recent claims met duplicates: peekahead.go) and the
+// (when the inbox's recent claims met duplicates: internal/direct.Ahead) and the
 // savepoint, in one round trip; a claim that found its key taken without
 // the peek reads it in a second. It returns direct.ErrNoDirect, having sent
 // nothing, or direct.ErrTypes, having rolled back what it sent, when the
@@ -169,7 +169,7 @@ func (d *pgxDirect) claimDirect(ctx context.Context, i *Inbox, begin *direct.Beg
 
 // sendDirect claims r on conn in the direct round and learns the state of a
 // key it finds taken: one round trip, and a second for the read of a taken
-// key when the inbox's recent claims met no duplicate (peekahead.go). Both
+// key when the inbox's recent claims met no duplicate (internal/direct.Ahead). Both
 // drivers' direct rounds claim through it, so that they send the same.
 func sendDirect(ctx context.Context, conn *pgx.Conn, st *direct.Conn, i *Inbox, begin *direct.Stmt, args *direct.Args, r *claimReq) (*claimRound, error) {
 	var res direct.Result

@@ -766,7 +766,7 @@ type peekStep struct {
 }
 
 // peekWindowSteps are the claims, in order, that show where a claim reads an
-// existing key (peekahead.go): after the claim until a duplicate is met,
+// existing key (internal/direct.Ahead): after the claim until a duplicate is met,
 // then with it for the 64 claims that follow.
 func peekWindowSteps() []peekStep {
 	var steps []peekStep

@@ -7,16 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"strconv"
-	"strings"
 	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/exactlyonce/dedupe/internal/direct"
+	"github.com/exactlyonce/dedupe/internal/sqlconv"
 	"github.com/exactlyonce/dedupe/internal/txopts"
 )
 
@@ -58,7 +56,7 @@ type SQLDB struct {
 	notPgx atomic.Bool
 	// noDirect is set once a pgx stdlib connection of db refused the
 	// direct claim round (its configuration wants pgx's batch): claims go
-	// through begin from then on (sqldirect.go).
+	// through begin from then on (SQLDB.claimDirect).
 	noDirect atomic.Bool
 }
 
@@ -230,287 +228,24 @@ func (t *sqlTx) status() byte { return 'T' }
 // with sql.ErrTxDone (isTxDone), and the caller then acts as if it knew.
 func (t *sqlTx) ended() bool { return false }
 
-// sqlRunner is what *sql.DB, *sql.Conn and *sql.Tx share.
-type sqlRunner interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
+// sqlQuerier runs the core's statements through database/sql, with the
+// conversions of internal/sqlconv.
+type sqlQuerier struct{ r sqlconv.Runner }
 
-// sqlQuerier runs the core's statements through database/sql: arguments
-// pgx would encode itself (durations, arrays) are sent as PostgreSQL text,
-// and intervals are read back from text.
-type sqlQuerier struct{ r sqlRunner }
-
-// Exec runs a statement, with dedupe's argument conversions.
+// Exec runs a statement.
 func (q sqlQuerier) Exec(ctx context.Context, query string, args ...any) (pgconn.CommandTag, error) {
-	res, err := q.r.ExecContext(ctx, query, sqlArgs(args)...)
-	if err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	return pgconn.NewCommandTag("EXEC " + strconv.FormatInt(n, 10)), nil
+	return sqlconv.Querier{R: q.r}.Exec(ctx, query, args...)
 }
 
 // Query runs a query; its rows read intervals as durations.
 func (q sqlQuerier) Query(ctx context.Context, query string, args ...any) (pgx.Rows, error) {
-	rows, err := q.r.QueryContext(ctx, query, sqlArgs(args)...)
-	if err != nil {
-		return nil, err
-	}
-	return &sqlRows{rows: rows}, nil
+	return sqlconv.Querier{R: q.r}.Query(ctx, query, args...)
 }
 
 // QueryRow runs a query for one row; no row is pgx.ErrNoRows (and
 // sql.ErrNoRows).
 func (q sqlQuerier) QueryRow(ctx context.Context, query string, args ...any) pgx.Row {
-	return sqlRow{q.r.QueryRowContext(ctx, query, sqlArgs(args)...)}
-}
-
-// errSQLNoRows is sql.ErrNoRows that is also pgx.ErrNoRows.
-var errSQLNoRows = fmt.Errorf("%w (%w)", pgx.ErrNoRows, sql.ErrNoRows)
-
-type sqlRow struct{ row *sql.Row }
-
-func (r sqlRow) Scan(dest ...any) error {
-	err := r.row.Scan(sqlDest(dest)...)
-	if errors.Is(err, sql.ErrNoRows) {
-		return errSQLNoRows
-	}
-	return err
-}
-
-// sqlRows are *sql.Rows as pgx.Rows, for the core's loops over rows.
-type sqlRows struct {
-	rows *sql.Rows
-	err  error
-}
-
-func (r *sqlRows) Close()                                       { _ = r.rows.Close() }
-func (r *sqlRows) Err() error                                   { return errors.Join(r.err, r.rows.Err()) }
-func (r *sqlRows) CommandTag() pgconn.CommandTag                { return pgconn.CommandTag{} }
-func (r *sqlRows) FieldDescriptions() []pgconn.FieldDescription { return nil }
-func (r *sqlRows) Next() bool                                   { return r.err == nil && r.rows.Next() }
-func (r *sqlRows) RawValues() [][]byte                          { return nil }
-func (r *sqlRows) Conn() *pgx.Conn                              { return nil }
-func (r *sqlRows) TypeMap() *pgtype.Map                         { return sqlTypeMap }
-
-// sqlTypeMap is the pgtype.Map sqlRows report; nothing of the core uses it.
-var sqlTypeMap = pgtype.NewMap()
-
-func (r *sqlRows) Scan(dest ...any) error {
-	if err := r.rows.Scan(sqlDest(dest)...); err != nil {
-		r.err = err
-		return err
-	}
-	return nil
-}
-
-func (r *sqlRows) Values() ([]any, error) {
-	cols, err := r.rows.Columns()
-	if err != nil {
-		return nil, err
-	}
-	vals := make([]any, len(cols))
-	dest := make([]any, len(cols))
-	for n := range vals {
-		dest[n] = &vals[n]
-	}
-	return vals, r.rows.Scan(dest...)
-}
-
-// sqlArgs converts the arguments database/sql drivers do not all take:
-// durations become intervals, slices arrays, both as PostgreSQL text.
-func sqlArgs(args []any) []any {
-	var out []any
-	for n, a := range args {
-		var c any
-		switch v := a.(type) {
-		case time.Duration:
-			c = strconv.FormatInt(v.Microseconds(), 10) + " microseconds"
-		case []string:
-			c = arrayText(len(v), func(b *strings.Builder, j int) { quoteElem(b, v[j]) })
-		case []int64:
-			c = arrayText(len(v), func(b *strings.Builder, j int) { b.WriteString(strconv.FormatInt(v[j], 10)) })
-		case [][]byte:
-			c = arrayText(len(v), func(b *strings.Builder, j int) {
-				if v[j] == nil {
-					b.WriteString("NULL")
-					return
-				}
-				fmt.Fprintf(b, `"\\x%x"`, v[j])
-			})
-		default:
-			if out != nil {
-				out[n] = a
-			}
-			continue
-		}
-		if out == nil {
-			out = append(make([]any, 0, len(args)), args...)
-		}
-		out[n] = c
-	}
-	if out == nil {
-		return args
-	}
-	return out
-}
-
-// arrayText writes an array literal of n elements.
-func arrayText(n int, elem func(b *strings.Builder, j int)) string {
-	var b strings.Builder
-	b.WriteByte('{')
-	for j := range n {
-		if j > 0 {
-			b.WriteByte(',')
-		}
-		elem(&b, j)
-	}
-	b.WriteByte('}')
-	return b.String()
-}
-
-// quoteElem writes s as a double-quoted array element.
-func quoteElem(b *strings.Builder, s string) {
-	b.WriteByte('"')
-	for _, r := range s {
-		if r == '"' || r == '\\' {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	b.WriteByte('"')
-}
-
-// sqlDest replaces the destinations database/sql cannot fill from
-// PostgreSQL's text (intervals into durations).
-func sqlDest(dest []any) []any {
-	var out []any
-	for n, d := range dest {
-		var c any
-		switch p := d.(type) {
-		case *time.Duration:
-			c = &intervalDest{d: p}
-		case **time.Duration:
-			c = &intervalDest{pd: p}
-		default:
-			continue
-		}
-		if out == nil {
-			out = append(make([]any, 0, len(dest)), dest...)
-		}
-		out[n] = c
-	}
-	if out == nil {
-		return dest
-	}
-	return out
-}
-
-// intervalDest scans an interval in PostgreSQL's text form into a
-// time.Duration (d) or a *time.Duration that is nil for NULL (pd).
-type intervalDest struct {
-	d  *time.Duration
-	pd **time.Duration
-}
-
-func (i *intervalDest) Scan(src any) error {
-	var s string
-	switch v := src.(type) {
-	case nil:
-		if i.pd == nil {
-			return errors.New("dedupe: NULL interval")
-		}
-		*i.pd = nil
-		return nil
-	case string:
-		s = v
-	case []byte:
-		s = string(v)
-	case time.Duration:
-		return i.set(v)
-	case int64:
-		return i.set(time.Duration(v) * time.Microsecond)
-	default:
-		return fmt.Errorf("dedupe: cannot read an interval from %T", src)
-	}
-	d, err := parseInterval(s)
-	if err != nil {
-		return err
-	}
-	return i.set(d)
-}
-
-func (i *intervalDest) set(d time.Duration) error {
-	if i.pd != nil {
-		*i.pd = &d
-	} else {
-		*i.d = d
-	}
-	return nil
-}
-
-// parseInterval parses PostgreSQL's default interval output ("1 year 2 mons
-// 3 days 04:05:06.789", each part optional, parts signed), with a month as
-// 30 days and a year as 12 months, as PostgreSQL's own arithmetic counts.
-func parseInterval(s string) (time.Duration, error) {
-	var d time.Duration
-	f := strings.Fields(s)
-	for n := 0; n < len(f); n++ {
-		if strings.Contains(f[n], ":") {
-			t, err := parseClock(f[n])
-			if err != nil {
-				return 0, fmt.Errorf("dedupe: interval %q: %w", s, bare(err))
-			}
-			d += t
-			continue
-		}
-		if n+1 >= len(f) {
-			return 0, fmt.Errorf("dedupe: interval %q: unit missing", s)
-		}
-		v, err := strconv.ParseInt(f[n], 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("dedupe: interval %q: %w", s, bare(err))
-		}
-		n++
-		day := time.Duration(v) * 24 * time.Hour
-		switch strings.TrimSuffix(f[n], "s") {
-		case "year":
-			d += 360 * day
-		case "mon":
-			d += 30 * day
-		case "day":
-			d += day
-		default:
-			return 0, fmt.Errorf("dedupe: interval %q: unit %q", s, f[n])
-		}
-	}
-	return d, nil
-}
-
-// parseClock parses [-]HH:MM:SS[.ffffff].
-func parseClock(s string) (time.Duration, error) {
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimLeft(s, "+-")
-	parts := strings.Split(s, ":")
-	if len(parts) != 3 {
-		return 0, fmt.Errorf("time %q", s)
-	}
-	h, err1 := strconv.ParseInt(parts[0], 10, 64)
-	m, err2 := strconv.ParseInt(parts[1], 10, 64)
-	sec, err3 := strconv.ParseFloat(parts[2], 64)
-	if err := errors.Join(err1, err2, err3); err != nil {
-		return 0, err
-	}
-	d := time.Duration(h)*time.Hour + time.Duration(m)*time.Minute + time.Duration(sec*float64(time.Second)+0.5)
-	if neg {
-		d = -d
-	}
-	return d, nil
+	return sqlconv.Querier{R: q.r}.QueryRow(ctx, query, args...)
 }
 
 // commitClaim commits a Consumer's transaction only if it still holds the
@@ -599,4 +334,62 @@ func (t *sqlTx) commitRaw(ctx context.Context) (done bool, err error) {
 	})
 	_ = t.conn.Close()
 	return true, nil
+}
+
+// The direct claim round over database/sql. Over pgx's stdlib a Consumer's
+// claim follows BEGIN (which database/sql sends alone) through the
+// *pgx.Conn under the *sql.Tx: the lock timeout, the claim and the
+// savepoint in one round trip, and the read of an existing key with them or
+// after them, sent as the pgx driver's direct round sends them
+// (pgxdirect.go, sendDirect). Where the connection is not pgx's
+// stdlib, or its configuration wants pgx's batch (a tracer, another
+// statement mode), the claim goes through SQLDB.begin as before.
+
+// claimDirect begins a transaction of d and claims r in it. It returns
+// direct.ErrNoDirect, having claimed nothing, when the claim must go through
+// SQLDB.begin instead.
+func (d *SQLDB) claimDirect(ctx context.Context, i *Inbox, opts pgx.TxOptions, lockTimeout string, r *claimReq) (txConn, *claimRound, error) {
+	args := &direct.Args{}
+	args.Encode(i.directParams(r), lockTimeout)
+	t, err := d.beginTx(ctx, txopts.SQL(opts), true)
+	if err != nil {
+		return nil, nil, err
+	}
+	// A panic goes on to the caller, who has no transaction to roll back.
+	defer func() {
+		if v := recover(); v != nil {
+			_ = t.Rollback(context.WithoutCancel(ctx))
+			panic(v)
+		}
+	}()
+	if err := t.setDeferrable(ctx, opts); err != nil {
+		return nil, nil, err
+	}
+	var round *claimRound
+	err = d.rawPgx(t, func(conn *pgx.Conn) (err error) {
+		st := direct.StateOf(conn)
+		if !st.OK() {
+			return direct.ErrNoDirect
+		}
+		round, err = sendDirect(ctx, conn, st, i, nil, args, r)
+		if direct.StaleStatement(err) {
+			// The transaction is aborted: the statements are prepared anew
+			// on this connection by its next round, and the claim runs
+			// again in a new transaction.
+			st.MarkStale()
+			err = wrap(ErrRetryable, err)
+		}
+		return err
+	})
+	if err != nil {
+		_ = t.Rollback(context.WithoutCancel(ctx))
+		switch {
+		case errors.Is(err, errNotPgx):
+			err = direct.ErrNoDirect
+		case errors.Is(err, direct.ErrTypes):
+			i.directOff(ctx)
+		}
+		return nil, nil, err
+	}
+	return t, round, nil
 }
