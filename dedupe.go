@@ -44,7 +44,7 @@ import (
 	"github.com/exactlyonce/dedupe/internal/direct"
 )
 
-// DB is the database of an Inbox or Outbox: a pgx pool (*pgxpool.Pool, the
+// DB is the database of an Inbox or an outbox.Outbox: a pgx pool (*pgxpool.Pool, the
 // default and fastest; a *pgx.Conn works too, though it cannot serve
 // concurrent calls), or a database/sql handle wrapped with SQL. Any other
 // value is refused by New with a *ConfigError.
@@ -107,7 +107,7 @@ type Config struct {
 	Logger *slog.Logger
 	// Observer is told of every claim, handling, lease renewal and purge,
 	// for metrics and traces (see Observer and the dedupeotel module; the
-	// outbox has its own, OutboxConfig.Observer). Defaults to nil: nothing
+	// outbox has its own, outbox.Config.Observer). Defaults to nil: nothing
 	// is observed, at no cost.
 	Observer Observer
 }

@@ -32,12 +32,16 @@ type Line string
 const (
 	// LineInbox creates the inbox table, Config.Table (MigrateConfig.InboxTable).
 	LineInbox Line = "inbox"
-	// LineOutbox creates the transactional outbox table, OutboxConfig.Table.
+	// LineOutbox creates the transactional outbox table, outbox.Config.Table.
 	LineOutbox Line = "outbox"
 )
 
 // AllLines returns every migration line, in the order they are applied.
 func AllLines() []Line { return []Line{LineInbox, LineOutbox} }
+
+// DefaultOutboxTable is the default of MigrateConfig.OutboxTable and of
+// outbox.Config.Table.
+const DefaultOutboxTable = "dedupe_outbox"
 
 // MigrateConfig says which tables Migrate creates and upgrades. The zero
 // value is usable: both lines, default names, the connection's search_path.
@@ -48,7 +52,7 @@ type MigrateConfig struct {
 	// InboxTable is the inbox table (Config.Table). Defaults to
 	// "dedupe_inbox".
 	InboxTable string
-	// OutboxTable is the outbox table (OutboxConfig.Table). Defaults to
+	// OutboxTable is the outbox table (outbox.Config.Table). Defaults to
 	// "dedupe_outbox".
 	OutboxTable string
 	// Lines are the lines to migrate. Defaults to AllLines().
@@ -143,7 +147,7 @@ func NewMigrator(db DB, cfg MigrateConfig) (*Migrator, error) {
 // Migrate applies every pending migration of cfg's lines (the zero
 // MigrateConfig: the inbox and the outbox with their default names). It is
 // idempotent and safe to call from many processes at once. An Inbox's or
-// Outbox's own tables are cfg.Migration() of its Config.
+// an outbox.Outbox's own tables are cfg.Migration() of its Config (or outbox.Config).
 func Migrate(ctx context.Context, db DB, cfg MigrateConfig) error {
 	m, err := NewMigrator(db, cfg)
 	if err != nil {

@@ -5,9 +5,8 @@ import (
 	"time"
 )
 
-// Observer is told what the library does, for metrics, traces and logs: the
-// one seam through which every part reports (the core, the transport
-// adapters, the outbox relay). Every method takes the context of the
+// Observer is told what the inbox and the transport adapters do, for
+// metrics, traces and logs (the outbox has its own, outbox.Observer). Every method takes the context of the
 // operation, so an implementation can join the caller's trace. Methods are
 // called on the hot path: keep them fast and never block. Embed NopObserver
 // to implement only some of them. A nil Observer (the default) costs nothing.
@@ -27,21 +26,6 @@ type Observer interface {
 	LeaseLost(ctx context.Context, key Key, err error)
 	// Purged reports a purge (Inbox.Purge): the keys deleted, or its error.
 	Purged(ctx context.Context, deleted int64, err error)
-	// Enqueued is called for a message being enqueued in the outbox, before
-	// it is written: it may add headers to msg (the trace context), which are
-	// stored and published with it.
-	Enqueued(ctx context.Context, msg *Message)
-	// StartPublish is called when the relay publishes an outbox message; done
-	// is called once with the publish's error (nil when the broker
-	// confirmed it), whether the failure parked the message, and for a
-	// confirmed message the lag from its enqueue to the confirmation,
-	// measured by the database.
-	StartPublish(ctx context.Context, msg *OutboxMessage) (_ context.Context, done func(PublishDone))
-	// Discarded reports an outbox message an operator discarded.
-	Discarded(ctx context.Context, msg *OutboxMessage, by, reason string)
-	// OutboxQueued reports the outbox's unpublished messages, every
-	// RelayConfig.StatsInterval.
-	OutboxQueued(ctx context.Context, s OutboxStats)
 	// TransportEvent reports what a transport adapter did with a message
 	// beyond its handling: an acknowledgement that failed, a retry, a
 	// message refused, dead-lettered or terminated, offsets committed, a
@@ -69,15 +53,6 @@ type HandleDone struct {
 	Err error
 	// Duration is the time from StartHandle to the end, commit included.
 	Duration time.Duration
-}
-
-// PublishDone is what an outbox publish came to.
-type PublishDone struct {
-	Err    error
-	Parked bool
-	// Lag is the time from the message's enqueue to the broker's
-	// confirmation, on the database's clock (0 for a failed publish).
-	Lag time.Duration
 }
 
 // MessageInfo is what a transport adapter knows of a message, reported with
@@ -126,7 +101,7 @@ type Headers interface {
 }
 
 // MapHeaders adapts map[string][]string (http.Header, nats.Header, the
-// outbox's Message.Headers) to Headers. Keys are used as given.
+// outbox.Message.Headers) to Headers. Keys are used as given.
 type MapHeaders map[string][]string
 
 // Get returns the first value of key.
@@ -318,20 +293,6 @@ func (NopObserver) LeaseLost(context.Context, Key, error) {}
 // Purged does nothing.
 func (NopObserver) Purged(context.Context, int64, error) {}
 
-// Enqueued does nothing.
-func (NopObserver) Enqueued(context.Context, *Message) {}
-
-// StartPublish returns ctx and a done that does nothing.
-func (NopObserver) StartPublish(ctx context.Context, _ *OutboxMessage) (context.Context, func(PublishDone)) {
-	return ctx, func(PublishDone) {}
-}
-
-// Discarded does nothing.
-func (NopObserver) Discarded(context.Context, *OutboxMessage, string, string) {}
-
-// OutboxQueued does nothing.
-func (NopObserver) OutboxQueued(context.Context, OutboxStats) {}
-
 // TransportEvent does nothing.
 func (NopObserver) TransportEvent(context.Context, TransportEvent) {}
 
@@ -376,36 +337,6 @@ func (m multiObserver) LeaseLost(ctx context.Context, key Key, err error) {
 func (m multiObserver) Purged(ctx context.Context, n int64, err error) {
 	for _, o := range m {
 		o.Purged(ctx, n, err)
-	}
-}
-
-func (m multiObserver) Enqueued(ctx context.Context, msg *Message) {
-	for _, o := range m {
-		o.Enqueued(ctx, msg)
-	}
-}
-
-func (m multiObserver) StartPublish(ctx context.Context, msg *OutboxMessage) (context.Context, func(PublishDone)) {
-	dones := make([]func(PublishDone), len(m))
-	for n, o := range m {
-		ctx, dones[n] = o.StartPublish(ctx, msg)
-	}
-	return ctx, func(d PublishDone) {
-		for n := len(dones) - 1; n >= 0; n-- {
-			dones[n](d)
-		}
-	}
-}
-
-func (m multiObserver) Discarded(ctx context.Context, msg *OutboxMessage, by, reason string) {
-	for _, o := range m {
-		o.Discarded(ctx, msg, by, reason)
-	}
-}
-
-func (m multiObserver) OutboxQueued(ctx context.Context, s OutboxStats) {
-	for _, o := range m {
-		o.OutboxQueued(ctx, s)
 	}
 }
 

@@ -5,49 +5,21 @@ import (
 	"errors"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/dedupe"
 )
 
-// relayHooks is an Observer for the relay tests: funcs called for the
-// outbox's backlog, each confirmed publish (with its lag) and each failed one.
-type relayHooks struct {
-	dedupe.NopObserver
-	Queued    func(dedupe.OutboxStats)
-	Published func(*dedupe.OutboxMessage, time.Duration)
-	Failed    func(*dedupe.OutboxMessage, error, bool)
-}
-
-func (h relayHooks) OutboxQueued(_ context.Context, s dedupe.OutboxStats) {
-	if h.Queued != nil {
-		h.Queued(s)
-	}
-}
-
-func (h relayHooks) StartPublish(ctx context.Context, m *dedupe.OutboxMessage) (context.Context, func(dedupe.PublishDone)) {
-	return ctx, func(d dedupe.PublishDone) {
-		switch {
-		case d.Err == nil && h.Published != nil:
-			h.Published(m, d.Lag)
-		case d.Err != nil && h.Failed != nil:
-			h.Failed(m, d.Err, d.Parked)
-		}
-	}
-}
-
 // obsRecorder is an Observer that records what it is told.
 type obsRecorder struct {
 	dedupe.NopObserver
-	mu       sync.Mutex
-	started  []dedupe.HandleInfo
-	done     []dedupe.HandleDone
-	renewed  int
-	lost     int
-	purged   []int64
-	enqueued int
+	mu      sync.Mutex
+	started []dedupe.HandleInfo
+	done    []dedupe.HandleDone
+	renewed int
+	lost    int
+	purged  []int64
 }
 
 type ctxMark struct{}
@@ -73,13 +45,6 @@ func (r *obsRecorder) Purged(_ context.Context, n int64, _ error) {
 	r.mu.Lock()
 	r.purged = append(r.purged, n)
 	r.mu.Unlock()
-}
-
-func (r *obsRecorder) Enqueued(_ context.Context, m *dedupe.Message) {
-	r.mu.Lock()
-	r.enqueued++
-	r.mu.Unlock()
-	m.Headers["traceparent"] = []string{"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 }
 
 func (r *obsRecorder) outcomes() []dedupe.Outcome {
@@ -158,38 +123,18 @@ func TestObserverSeesEveryHandling(t *testing.T) {
 	}
 }
 
-// TestObserverSeesPurgesAndEnqueues: purges are reported, and an Observer's
-// headers (the trace context) are stored with an outbox message.
-func TestObserverSeesPurgesAndEnqueues(t *testing.T) {
+// TestObserverSeesPurges: purges are reported.
+func TestObserverSeesPurges(t *testing.T) {
 	t.Parallel()
 	rec := &obsRecorder{}
 	b := setup(t, dedupe.Config{Observer: rec})
-	ctx := context.Background()
-	if _, err := b.inbox.Purge(ctx, 0); err != nil {
+	if _, err := b.inbox.Purge(context.Background(), 0); err != nil {
 		t.Fatal(err)
-	}
-	ob, err := dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{Observer: rec})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var id string
-	if err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-		id, err = ob.Enqueue(ctx, tx, dedupe.Message{Topic: "t", Headers: map[string][]string{"a": {"b"}}})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	var headers map[string][]string
-	if err := b.db.Pool.QueryRow(ctx, `SELECT headers FROM dedupe_outbox WHERE message_id = $1`, id).Scan(&headers); err != nil {
-		t.Fatal(err)
-	}
-	if headers["traceparent"] == nil || headers["a"][0] != "b" {
-		t.Fatalf("stored headers = %v", headers)
 	}
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
-	if len(rec.purged) != 1 || rec.enqueued != 1 {
-		t.Fatalf("purged %v, enqueued %d", rec.purged, rec.enqueued)
+	if len(rec.purged) != 1 {
+		t.Fatalf("purged %v", rec.purged)
 	}
 }
 

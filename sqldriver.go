@@ -19,7 +19,7 @@ import (
 )
 
 // SQL wraps a database/sql handle to PostgreSQL (over pgx's stdlib, lib/pq or
-// any driver that speaks PostgreSQL's SQL) as the DB of an Inbox or Outbox,
+// any driver that speaks PostgreSQL's SQL) as the DB of an Inbox or an outbox.Outbox,
 // for applications built on database/sql (GORM, Bun, sqlx, sqlc): handlers
 // then receive a *sql.Tx (see TxHandlerFunc), and the guarantees are the
 // same as with pgx.
@@ -31,8 +31,8 @@ import (
 // other, each only when needed. Over pgx's stdlib the read of an existing key
 // is placed as over pgx: with the claim while the inbox's recent claims met
 // duplicates, else only after a claim that found its key taken; over other
-// drivers it follows only such a claim. The Relay cannot LISTEN, so it polls
-// (RelayConfig.PollInterval). A handler's *sql.Tx cannot be guarded, but
+// drivers it follows only such a claim. The outbox.Relay cannot LISTEN, so it polls
+// (outbox.RelayConfig.PollInterval). A handler's *sql.Tx cannot be guarded, but
 // its COMMIT proves that it still holds the claim: a handler that commits
 // or rolls back itself (and perhaps begins again) gets ErrTxEnded from
 // Handle, nothing is reported processed, and its effects commit at most
@@ -42,7 +42,7 @@ func SQL(db *sql.DB) *SQLDB { return &SQLDB{sqlQuerier: sqlQuerier{db}, db: db} 
 
 // SQLTx wraps a database/sql transaction for the calls that join the
 // caller's transaction: Inbox.Claim, ClaimBatch, StoreResultTx, CompleteTx
-// and Outbox.Enqueue.
+// and outbox.Outbox.Enqueue.
 func SQLTx(tx *sql.Tx) Querier { return sqlQuerier{tx} }
 
 // SQLDB is a database/sql handle as a DB: the database/sql driver. Build it

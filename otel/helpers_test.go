@@ -12,6 +12,7 @@ import (
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 	dedupeotel "github.com/exactlyonce/dedupe/otel"
 	"github.com/exactlyonce/dedupe/otel/internal/oteltest"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 func TestMain(m *testing.M) { dbtest.VerifyTestMain(m) }
@@ -28,7 +29,7 @@ type env struct {
 	*oteltest.Tel
 	db     *dbtest.DB
 	inbox  *dedupe.Inbox
-	outbox *dedupe.Outbox
+	outbox *outbox.Outbox
 }
 
 func setup(t testing.TB, cfg *dedupe.Config) *env {
@@ -49,7 +50,7 @@ func setup(t testing.TB, cfg *dedupe.Config) *env {
 	if e.inbox, err = dedupe.New(e.db.Pool, c); err != nil {
 		t.Fatal(err)
 	}
-	if e.outbox, err = dedupe.NewOutbox(e.db.Pool, dedupe.OutboxConfig{Schema: c.Schema, Clock: c.Clock, Logger: c.Logger, Observer: c.Observer}); err != nil {
+	if e.outbox, err = outbox.New(e.db.Pool, outbox.Config{Schema: c.Schema, Clock: c.Clock, Logger: c.Logger, Observer: e.Obs}); err != nil {
 		t.Fatal(err)
 	}
 	return e

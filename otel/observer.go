@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // ScopeName is the instrumentation scope of the spans and metrics.
@@ -41,11 +42,12 @@ type Config struct {
 	StatsTimeout time.Duration
 }
 
-// Observer implements dedupe.Observer with OpenTelemetry spans and metrics.
+// Observer implements dedupe.Observer and outbox.Observer with OpenTelemetry
+// spans and metrics.
 // Set it as dedupe.Config.Observer (claims and handlings) and as
-// dedupe.OutboxConfig.Observer (enqueue spans, the trace context stored with
+// outbox.Config.Observer (enqueue spans, the trace context stored with
 // each outbox message, publishes; its relays report to it too unless
-// RelayConfig.Observer is set). It is safe for concurrent use.
+// outbox.RelayConfig.Observer is set). It is safe for concurrent use.
 type Observer struct {
 	cfg    Config
 	tracer trace.Tracer
@@ -57,7 +59,7 @@ type Observer struct {
 
 	// The outbox gauges read the relay's last OutboxQueued report unless
 	// ObserveStats was given an outbox (then they read its Stats).
-	queued        atomic.Pointer[dedupe.OutboxStats]
+	queued        atomic.Pointer[outbox.Stats]
 	outboxWatched atomic.Int32
 
 	mu    sync.Mutex
@@ -65,7 +67,10 @@ type Observer struct {
 	close bool
 }
 
-var _ dedupe.Observer = (*Observer)(nil)
+var (
+	_ dedupe.Observer = (*Observer)(nil)
+	_ outbox.Observer = (*Observer)(nil)
+)
 
 // New returns an Observer; the zero Config is the defaults.
 //

@@ -10,12 +10,13 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // Enqueued marks the creation of an outbox message with a "create" span in
 // ctx's trace (a new trace when ctx has none) and injects that span's
 // context into msg's headers, with which it is stored and published.
-func (o *Observer) Enqueued(ctx context.Context, msg *dedupe.Message) {
+func (o *Observer) Enqueued(ctx context.Context, msg *outbox.Message) {
 	attrs := make([]attribute.KeyValue, 0, 5)
 	attrs = append(attrs,
 		semconv.MessagingOperationTypeCreate,
@@ -39,7 +40,7 @@ func (o *Observer) Enqueued(ctx context.Context, msg *dedupe.Message) {
 // StartPublish starts the "send" span of one relay publish of msg, a child
 // of (and linked to) the creation context in its headers; done ends it and
 // counts the publish, and records the lag of a confirmed one.
-func (o *Observer) StartPublish(ctx context.Context, msg *dedupe.OutboxMessage) (context.Context, func(dedupe.PublishDone)) {
+func (o *Observer) StartPublish(ctx context.Context, msg *outbox.StoredMessage) (context.Context, func(outbox.PublishDone)) {
 	attrs := make([]attribute.KeyValue, 0, 6)
 	attrs = append(attrs,
 		semconv.MessagingOperationTypeSend,
@@ -57,7 +58,7 @@ func (o *Observer) StartPublish(ctx context.Context, msg *dedupe.OutboxMessage) 
 	}
 	parent, link := o.parent(ctx, headers, false) // the outbox's rows are the program's own
 	ctx, span := o.start(parent, "send "+msg.Topic, trace.SpanKindProducer, attrs, link)
-	return ctx, func(d dedupe.PublishDone) {
+	return ctx, func(d outbox.PublishDone) {
 		outcome := PublishPublished
 		switch {
 		case d.Parked:
@@ -83,11 +84,11 @@ func (o *Observer) StartPublish(ctx context.Context, msg *dedupe.OutboxMessage) 
 }
 
 // Discarded counts a message an operator discarded.
-func (o *Observer) Discarded(ctx context.Context, _ *dedupe.OutboxMessage, _, _ string) {
+func (o *Observer) Discarded(ctx context.Context, _ *outbox.StoredMessage, _, _ string) {
 	o.m.discarded.Add(ctx, 1)
 }
 
 // OutboxQueued keeps the relay's report for the outbox gauges.
-func (o *Observer) OutboxQueued(_ context.Context, s dedupe.OutboxStats) {
+func (o *Observer) OutboxQueued(_ context.Context, s outbox.Stats) {
 	o.queued.Store(&s)
 }

@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // ErrClosed is returned by ObserveStats after Close.
@@ -20,15 +21,15 @@ var ErrClosed = errors.New("dedupeotel: observer closed")
 // table: keep the collection interval in minutes for a large inbox. Once an
 // outbox is observed this way, the relay's OutboxQueued reports no longer
 // feed the outbox gauges. Stop with the returned function, or Close.
-func (o *Observer) ObserveStats(inbox *dedupe.Inbox, outbox *dedupe.Outbox) (stop func() error, err error) {
+func (o *Observer) ObserveStats(inbox *dedupe.Inbox, ob *outbox.Outbox) (stop func() error, err error) {
 	var insts []metric.Observable
 	if inbox != nil {
 		insts = append(insts, o.m.keys, o.m.oldestInFlight)
 	}
 	var table attribute.KeyValue
-	if outbox != nil {
+	if ob != nil {
 		insts = append(insts, o.m.outboxPending, o.m.outboxParked, o.m.outboxOldest)
-		c := outbox.Config()
+		c := ob.Config()
 		name := c.Table
 		if c.Schema != "" {
 			name = c.Schema + "." + name
@@ -50,8 +51,8 @@ func (o *Observer) ObserveStats(inbox *dedupe.Inbox, outbox *dedupe.Outbox) (sto
 		if inbox != nil {
 			errs = append(errs, o.observeInbox(ctx, obs, inbox))
 		}
-		if outbox != nil {
-			s, err := outbox.Stats(ctx)
+		if ob != nil {
+			s, err := ob.Stats(ctx)
 			if err == nil {
 				observeOutbox(obs, &o.m, s, metric.WithAttributes(table))
 			}
@@ -63,7 +64,7 @@ func (o *Observer) ObserveStats(inbox *dedupe.Inbox, outbox *dedupe.Outbox) (sto
 		return nil, err
 	}
 	o.regs = append(o.regs, reg)
-	if outbox != nil {
+	if ob != nil {
 		o.outboxWatched.Add(1)
 	}
 	var once bool
@@ -74,7 +75,7 @@ func (o *Observer) ObserveStats(inbox *dedupe.Inbox, outbox *dedupe.Outbox) (sto
 			return nil
 		}
 		once = true
-		if outbox != nil {
+		if ob != nil {
 			o.outboxWatched.Add(-1)
 		}
 		return reg.Unregister()
@@ -108,7 +109,7 @@ func (o *Observer) observeQueued(_ context.Context, obs metric.Observer) error {
 	return nil
 }
 
-func observeOutbox(obs metric.Observer, m *instruments, s dedupe.OutboxStats, opts ...metric.ObserveOption) {
+func observeOutbox(obs metric.Observer, m *instruments, s outbox.Stats, opts ...metric.ObserveOption) {
 	obs.ObserveInt64(m.outboxPending, s.Pending, opts...)
 	obs.ObserveInt64(m.outboxParked, s.Parked, opts...)
 	obs.ObserveFloat64(m.outboxOldest, s.OldestPending.Seconds(), opts...)

@@ -14,9 +14,10 @@ import (
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 	dedupeotel "github.com/exactlyonce/dedupe/otel"
 	"github.com/exactlyonce/dedupe/otel/internal/oteltest"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
-func (e *env) enqueue(t testing.TB, msgs ...dedupe.Message) []string {
+func (e *env) enqueue(t testing.TB, msgs ...outbox.Message) []string {
 	t.Helper()
 	var ids []string
 	err := pgx.BeginFunc(context.Background(), e.db.Pool, func(tx pgx.Tx) error {
@@ -50,7 +51,7 @@ func TestObserveStats(t *testing.T) {
 	if err != nil || held.Outcome != dedupe.OutcomeClaimed {
 		t.Fatalf("begin: %v, %v", held, err)
 	}
-	e.enqueue(t, dedupe.Message{Topic: "t", Key: "1"}, dedupe.Message{Topic: "t", Key: "2"})
+	e.enqueue(t, outbox.Message{Topic: "t", Key: "1"}, outbox.Message{Topic: "t", Key: "2"})
 
 	if _, ok := e.Gauge(t, "dedupe.keys"); ok {
 		t.Fatal("gauges observed before ObserveStats")
@@ -75,8 +76,8 @@ func TestObserveStats(t *testing.T) {
 	if age, ok := e.Gauge(t, "dedupe.outbox.oldest_pending.age", table); !ok || age < 0 {
 		t.Errorf("oldest pending age = %v (%v)", age, ok)
 	}
-	relay, err := dedupe.NewRelay(e.outbox, dedupe.PublishFunc(func(context.Context, *dedupe.OutboxMessage) error { return nil }),
-		dedupe.RelayConfig{DisableListen: true})
+	relay, err := outbox.NewRelay(e.outbox, outbox.PublishFunc(func(context.Context, *outbox.StoredMessage) error { return nil }),
+		outbox.RelayConfig{DisableListen: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,16 +100,16 @@ func TestObserveStats(t *testing.T) {
 func TestRelayFeedsOutboxGauges(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)
-	e.enqueue(t, dedupe.Message{Topic: "t", Key: "1"})
+	e.enqueue(t, outbox.Message{Topic: "t", Key: "1"})
 	block := make(chan struct{})
-	relay, err := dedupe.NewRelay(e.outbox, dedupe.PublishFunc(func(ctx context.Context, _ *dedupe.OutboxMessage) error {
+	relay, err := outbox.NewRelay(e.outbox, outbox.PublishFunc(func(ctx context.Context, _ *outbox.StoredMessage) error {
 		select { // hold the first publish until the gauge showed the message pending
 		case <-block:
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-	}), dedupe.RelayConfig{DisableListen: true, StatsInterval: 10 * time.Millisecond, PollInterval: 10 * time.Millisecond})
+	}), outbox.RelayConfig{DisableListen: true, StatsInterval: 10 * time.Millisecond, PollInterval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,13 +130,13 @@ func TestRelayFeedsOutboxGauges(t *testing.T) {
 func TestPublishFailures(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)
-	ids := e.enqueue(t, dedupe.Message{Topic: "t", Key: "retry"}, dedupe.Message{Topic: "t", Key: "park"})
-	relay, err := dedupe.NewRelay(e.outbox, dedupe.PublishFunc(func(_ context.Context, m *dedupe.OutboxMessage) error {
+	ids := e.enqueue(t, outbox.Message{Topic: "t", Key: "retry"}, outbox.Message{Topic: "t", Key: "park"})
+	relay, err := outbox.NewRelay(e.outbox, outbox.PublishFunc(func(_ context.Context, m *outbox.StoredMessage) error {
 		if m.Key == "park" {
 			return dedupe.Permanent(errors.New("too large"))
 		}
 		return errors.New("broker said no")
-	}), dedupe.RelayConfig{DisableListen: true, HealthCheck: func(context.Context) error { return nil }})
+	}), outbox.RelayConfig{DisableListen: true, HealthCheck: func(context.Context) error { return nil }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	dedupeotel "github.com/exactlyonce/dedupe/otel"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // consumed is what a broker hands a consumer: the published message with
@@ -32,7 +33,7 @@ type broker struct {
 	msgs []consumed
 }
 
-func (b *broker) Publish(_ context.Context, m *dedupe.OutboxMessage) error {
+func (b *broker) Publish(_ context.Context, m *outbox.StoredMessage) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.msgs = append(b.msgs, consumed{ID: m.ID, Topic: m.Topic, Headers: maps.Clone(m.Headers)})
@@ -55,7 +56,7 @@ func TestOneTraceEnqueueSendProcess(t *testing.T) {
 	var id string
 	err := pgx.BeginFunc(rctx, e.db.Pool, func(tx pgx.Tx) error {
 		var err error
-		id, err = e.outbox.Enqueue(rctx, tx, dedupe.Message{Topic: "orders.created", Key: "o-1",
+		id, err = e.outbox.Enqueue(rctx, tx, outbox.Message{Topic: "orders.created", Key: "o-1",
 			Headers: map[string][]string{"Order-Id": {"o-1"}}, Payload: []byte(`{}`)})
 		return err
 	})
@@ -66,7 +67,7 @@ func TestOneTraceEnqueueSendProcess(t *testing.T) {
 
 	// The relay publishes it.
 	b := &broker{}
-	relay, err := dedupe.NewRelay(e.outbox, dedupe.PublishFunc(b.Publish), dedupe.RelayConfig{DisableListen: true})
+	relay, err := outbox.NewRelay(e.outbox, outbox.PublishFunc(b.Publish), outbox.RelayConfig{DisableListen: true})
 	if err != nil {
 		t.Fatal(err)
 	}

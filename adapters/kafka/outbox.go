@@ -9,6 +9,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // DefaultOutboxIDHeader is the header that carries an outbox message's ID.
@@ -23,7 +24,7 @@ type OutboxPublisherConfig struct {
 }
 
 // OutboxPublisher publishes dedupe outbox messages to Kafka through a
-// kafka.Writer for a dedupe.Relay: the outbox Topic is the Kafka topic, the
+// kafka.Writer for a outbox.Relay: the outbox Topic is the Kafka topic, the
 // Key is the record key (so a key stays on one partition, in order), and the
 // message ID travels in the message-id header. The writer waits for all
 // in-sync replicas (RequiredAcks all) before a message counts as published.
@@ -73,14 +74,14 @@ func NewOutboxPublisher(w *kafka.Writer, cfg OutboxPublisherConfig) (*OutboxPubl
 	return &OutboxPublisher{w: w, cfg: c}, nil
 }
 
-var _ dedupe.HealthChecker = (*OutboxPublisher)(nil)
+var _ outbox.HealthChecker = (*OutboxPublisher)(nil)
 
 // CheckHealth returns nil when the writer can reach its cluster: a broker
 // answers an ApiVersions request (a round trip) within ctx, and the writer's
 // transport has the cluster's metadata (kafka-go routes every write by its
 // cached metadata, and while its last refresh failed it fails every write,
 // for a while after the brokers are back). Otherwise it returns an error.
-// It implements dedupe.HealthChecker, which the relay asks when a cycle
+// It implements outbox.HealthChecker, which the relay asks when a cycle
 // published nothing: while it fails the failures are an outage (no attempt
 // counted, nothing parked, the relay pauses), however few keys the backlog
 // holds. A cluster that answers says the failures are the messages' (an
@@ -102,10 +103,10 @@ func (p *OutboxPublisher) CheckHealth(ctx context.Context) error {
 }
 
 // Publish writes msgs with one WriteMessages call and reports each one's
-// outcome. It implements dedupe.Publisher. Errors Kafka documents as not
+// outcome. It implements outbox.Publisher. Errors Kafka documents as not
 // retriable, and a message larger than the writer's BatchBytes, are
 // reported as dedupe.Permanent, so the relay parks the message at once.
-func (p *OutboxPublisher) Publish(ctx context.Context, msgs []*dedupe.OutboxMessage) []error {
+func (p *OutboxPublisher) Publish(ctx context.Context, msgs []*outbox.StoredMessage) []error {
 	kms := make([]kafka.Message, len(msgs))
 	for i, m := range msgs {
 		km := kafka.Message{Topic: m.Topic, Value: m.Payload,

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // OutboxPublisherConfig configures an OutboxPublisher. The zero value is
@@ -26,7 +27,7 @@ type OutboxPublisherConfig struct {
 }
 
 // OutboxPublisher publishes dedupe outbox messages to JetStream for a
-// dedupe.Relay. Each message carries its outbox ID as the Nats-Msg-Id header,
+// outbox.Relay. Each message carries its outbox ID as the Nats-Msg-Id header,
 // so the stream's duplicate window drops the re-send of a relay that died
 // after the publish and before recording it, and a consumer using DefaultKey
 // claims the same ID in its inbox. A batch is published asynchronously and
@@ -50,14 +51,14 @@ func NewOutboxPublisher(js jetstream.JetStream, cfg OutboxPublisherConfig) (*Out
 	return &OutboxPublisher{js: js, cfg: c}, nil
 }
 
-var _ dedupe.HealthChecker = (*OutboxPublisher)(nil)
+var _ outbox.HealthChecker = (*OutboxPublisher)(nil)
 
 // healthTimeout bounds CheckHealth called with a context without deadline.
 const healthTimeout = 5 * time.Second
 
 // CheckHealth returns nil when the NATS server answers a ping on js's
 // connection within ctx, and an error when the connection is down or
-// reconnecting. It implements dedupe.HealthChecker, which the relay asks
+// reconnecting. It implements outbox.HealthChecker, which the relay asks
 // when a cycle published nothing: while it fails the failures are an outage
 // (no attempt counted, nothing parked, the relay pauses), however few keys
 // the backlog holds. A server that answers says the failures are the
@@ -85,9 +86,9 @@ func (p *OutboxPublisher) Duplicates() int64 { return p.duplicates.Load() }
 
 // Publish sends msgs with PublishMsgAsync and waits until each one is
 // acknowledged by the stream, refused, or ctx ends. It implements
-// dedupe.Publisher. A message larger than the server allows is reported as
+// outbox.Publisher. A message larger than the server allows is reported as
 // dedupe.Permanent, so the relay parks it at once.
-func (p *OutboxPublisher) Publish(ctx context.Context, msgs []*dedupe.OutboxMessage) []error {
+func (p *OutboxPublisher) Publish(ctx context.Context, msgs []*outbox.StoredMessage) []error {
 	errs := make([]error, len(msgs))
 	futures := make([]jetstream.PubAckFuture, len(msgs))
 	var opts []jetstream.PublishOpt

@@ -131,8 +131,8 @@ var comparisons = []comparison{
 		hand: side{name: "hand-written amqp091-go consumer", drain: (*bench).amqpHand},
 	},
 	{
-		name: "dedupe.Relay → JetStream", section: sectionTransport, unit: perCycle, ceiling: 50000,
-		lib:  side{name: "dedupe.Relay", drain: (*bench).relayLib},
+		name: "outbox.Relay → JetStream", section: sectionTransport, unit: perCycle, ceiling: 50000,
+		lib:  side{name: "outbox.Relay", drain: (*bench).relayLib},
 		hand: side{name: "hand-written outbox relay", drain: (*bench).relayHand},
 	},
 }

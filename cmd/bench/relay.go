@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/exactlyonce/dedupe"
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // relayBatch is the messages a relay cycle claims at most, on both sides.
@@ -95,7 +95,7 @@ func (b *bench) drainOutbox(ctx context.Context, w int, sp span,
 // rows without a key always) with FOR UPDATE SKIP LOCKED, publishes them to
 // JetStream and awaits the acks, then marks them published in the same
 // transaction. That keeps per-key order (one message of a key in flight, in
-// id order) like dedupe.Relay, but takes one message per key and cycle and
+// id order) like outbox.Relay, but takes one message per key and cycle and
 // keeps no retry bookkeeping.
 func (b *bench) relayHand(ctx context.Context, w int, sp span) (*sample, error) {
 	return b.drainOutbox(ctx, w, sp, func() (func(context.Context) (int, error), error) {
@@ -163,12 +163,12 @@ func (b *bench) relayLib(ctx context.Context, w int, sp span) (*sample, error) {
 	if err != nil {
 		return nil, err
 	}
-	ob, err := dedupe.NewOutbox(b.pool, dedupe.OutboxConfig{})
+	ob, err := outbox.New(b.pool, outbox.Config{})
 	if err != nil {
 		return nil, err
 	}
 	return b.drainOutbox(ctx, w, sp, func() (func(context.Context) (int, error), error) {
-		relay, err := dedupe.NewRelay(ob, pub, dedupe.RelayConfig{BatchSize: relayBatch, DisableListen: true})
+		relay, err := outbox.NewRelay(ob, pub, outbox.RelayConfig{BatchSize: relayBatch, DisableListen: true})
 		if err != nil {
 			return nil, err
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 func TestMigrateUpStatusSQLAndNotMigrated(t *testing.T) {
@@ -154,7 +155,7 @@ func TestStatsCountsByScopeAndState(t *testing.T) {
 	}
 
 	// Two committed messages wait for a relay: the lag shows.
-	ob, err := dedupe.NewOutbox(e.db.Pool, dedupe.OutboxConfig{})
+	ob, err := outbox.New(e.db.Pool, outbox.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +164,7 @@ func TestStatsCountsByScopeAndState(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 2 {
-		if _, err := ob.Enqueue(ctx, tx, dedupe.Message{Topic: "orders", Key: "o-1", Payload: []byte{byte(i)}}); err != nil {
+		if _, err := ob.Enqueue(ctx, tx, outbox.Message{Topic: "orders", Key: "o-1", Payload: []byte{byte(i)}}); err != nil {
 			t.Fatal(err)
 		}
 	}

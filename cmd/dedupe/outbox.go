@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // outboxFlags are the flags of outbox.
@@ -70,7 +71,7 @@ type outboxMessageJSON struct {
 	DiscardReason string   `json:"discard_reason,omitempty"`
 }
 
-func newOutboxMessageJSON(m *dedupe.OutboxMessage) outboxMessageJSON {
+func newOutboxMessageJSON(m *outbox.StoredMessage) outboxMessageJSON {
 	return outboxMessageJSON{ID: m.ID, Topic: m.Topic, Key: m.Key, Headers: m.Headers, bodyFields: newBodyFields(m.Payload),
 		Attempts: m.Attempt, LastError: m.LastError, CreatedAt: jsonTime{m.CreatedAt}, ParkedAt: jsonTime{m.ParkedAt}}
 }
@@ -116,12 +117,12 @@ func runOutbox(ctx context.Context, c *cli, opts any, args []string) int {
 
 // connectOutbox opens a small pool and the outbox of the global flags. The
 // caller closes the pool.
-func (c *cli) connectOutbox(ctx context.Context) (*pgxpool.Pool, *dedupe.Outbox, error) {
+func (c *cli) connectOutbox(ctx context.Context) (*pgxpool.Pool, *outbox.Outbox, error) {
 	pool, _, err := c.connect(ctx, dedupe.Config{})
 	if err != nil {
 		return nil, nil, err
 	}
-	ob, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{Schema: c.g.schema, Table: c.g.outboxTable, Logger: c.log})
+	ob, err := outbox.New(pool, outbox.Config{Schema: c.g.schema, Table: c.g.outboxTable, Logger: c.log})
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
@@ -129,7 +130,7 @@ func (c *cli) connectOutbox(ctx context.Context) (*pgxpool.Pool, *dedupe.Outbox,
 	return pool, ob, nil
 }
 
-func (c *cli) outboxParked(ctx context.Context, ob *dedupe.Outbox, limit int) int {
+func (c *cli) outboxParked(ctx context.Context, ob *outbox.Outbox, limit int) int {
 	msgs, err := ob.Parked(ctx, limit)
 	if err != nil {
 		return c.fail("outbox", err)
@@ -151,13 +152,13 @@ func (c *cli) outboxParked(ctx context.Context, ob *dedupe.Outbox, limit int) in
 	return exitOK
 }
 
-func (c *cli) outboxDiscard(ctx context.Context, ob *dedupe.Outbox, o *outboxFlags) int {
+func (c *cli) outboxDiscard(ctx context.Context, ob *outbox.Outbox, o *outboxFlags) int {
 	if !o.yes {
 		msgs, err := ob.Parked(ctx, 10000)
 		if err != nil {
 			return c.fail("outbox", err)
 		}
-		var found *dedupe.OutboxMessage
+		var found *outbox.StoredMessage
 		for _, m := range msgs {
 			if m.ID == o.id {
 				found = m
@@ -183,7 +184,7 @@ func (c *cli) outboxDiscard(ctx context.Context, ob *dedupe.Outbox, o *outboxFla
 	if err != nil {
 		return c.fail("outbox", parkedNotFound(o.id, err))
 	}
-	m := newOutboxMessageJSON(&d.OutboxMessage)
+	m := newOutboxMessageJSON(&d.StoredMessage)
 	m.DiscardedAt, m.DiscardedBy, m.DiscardReason = jsonTime{d.DiscardedAt}, d.DiscardedBy, d.DiscardReason
 	c.emit(c.stdout, map[string]any{"discarded": m}, func(w io.Writer) {
 		fmt.Fprintf(w, "discarded %s (topic %s, key %s, %d attempts) by %s: %s\n", m.ID, m.Topic, or(m.Key, "-"),

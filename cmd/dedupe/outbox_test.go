@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // TestOutboxParkedUnparkDiscard drives the outbox commands against a parked
@@ -19,14 +20,14 @@ func TestOutboxParkedUnparkDiscard(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	ctx := context.Background()
-	ob, err := dedupe.NewOutbox(e.db.Pool, dedupe.OutboxConfig{})
+	ob, err := outbox.New(e.db.Pool, outbox.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var ids []string
 	if err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
 		for _, p := range []string{"poison", "next"} {
-			id, err := ob.Enqueue(ctx, tx, dedupe.Message{Topic: "orders", Key: "o-1", Payload: []byte(p)})
+			id, err := ob.Enqueue(ctx, tx, outbox.Message{Topic: "orders", Key: "o-1", Payload: []byte(p)})
 			if err != nil {
 				return err
 			}
@@ -36,12 +37,12 @@ func TestOutboxParkedUnparkDiscard(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	relay, err := dedupe.NewRelay(ob, dedupe.PublishFunc(func(_ context.Context, m *dedupe.OutboxMessage) error {
+	relay, err := outbox.NewRelay(ob, outbox.PublishFunc(func(_ context.Context, m *outbox.StoredMessage) error {
 		if string(m.Payload) == "poison" {
 			return dedupe.Permanent(errors.New("no such topic\nsecond line"))
 		}
 		return nil
-	}), dedupe.RelayConfig{DisableListen: true})
+	}), outbox.RelayConfig{DisableListen: true})
 	if err != nil {
 		t.Fatal(err)
 	}

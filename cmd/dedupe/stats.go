@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 func statsCommand() *command {
@@ -79,7 +80,7 @@ func runStats(ctx context.Context, c *cli, _ any, args []string) int {
 		out.Total += s.Count
 		out.Scopes = append(out.Scopes, row)
 	}
-	ob, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{Schema: c.g.schema, Table: c.g.outboxTable})
+	ob, err := outbox.New(pool, outbox.Config{Schema: c.g.schema, Table: c.g.outboxTable})
 	if err != nil {
 		return c.fail("stats", err)
 	}

@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/exactlyonce/dedupe"
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
 	"github.com/exactlyonce/dedupe/internal/natstest"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 const (
@@ -47,7 +47,7 @@ func runOutbox(ctx context.Context, e *env, inputs []string) error {
 		return err
 	}
 	defer pool.Close()
-	ob, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{Logger: e.soak.libLog()})
+	ob, err := outbox.New(pool, outbox.Config{Logger: e.soak.libLog()})
 	if err != nil {
 		return err
 	}
@@ -72,7 +72,7 @@ func runOutbox(ctx context.Context, e *env, inputs []string) error {
 				to := min(from+size, len(inputs))
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 					for i := from; i < to; i++ {
-						if _, err := ob.Enqueue(ctx, tx, dedupe.Message{
+						if _, err := ob.Enqueue(ctx, tx, outbox.Message{
 							ID: "p-" + strconv.Itoa(i), Topic: outboxSubject, Payload: []byte(inputs[i]),
 							Headers: map[string][]string{natsIDHdr: {inputs[i]}},
 						}); err != nil {
@@ -147,8 +147,8 @@ func outboxFeedSize(o *options) int {
 	return max(1, min(n, outboxFeedMax))
 }
 
-func runRelay(ctx context.Context, e *env, ob *dedupe.Outbox, pub dedupe.Publisher) error {
-	relay, err := dedupe.NewRelay(ob, pub, dedupe.RelayConfig{
+func runRelay(ctx context.Context, e *env, ob *outbox.Outbox, pub outbox.Publisher) error {
+	relay, err := outbox.NewRelay(ob, pub, outbox.RelayConfig{
 		BatchSize: 10, PollInterval: 50 * time.Millisecond, MaxAttempts: -1,
 		MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 		ShutdownTimeout: 2 * time.Second, Logger: e.soak.libLog(),
@@ -162,11 +162,11 @@ func runRelay(ctx context.Context, e *env, ob *dedupe.Outbox, pub dedupe.Publish
 // killablePublisher reports "tx" after each publish, while the relay's
 // claim transaction is still open and the batch not yet recorded.
 type killablePublisher struct {
-	dedupe.Publisher
+	outbox.Publisher
 	say func(verb, arg string)
 }
 
-func (p killablePublisher) Publish(ctx context.Context, msgs []*dedupe.OutboxMessage) []error {
+func (p killablePublisher) Publish(ctx context.Context, msgs []*outbox.StoredMessage) []error {
 	errs := p.Publisher.Publish(ctx, msgs)
 	if len(msgs) > 0 {
 		p.say("tx", msgs[0].ID)
@@ -191,7 +191,7 @@ func outboxChild(ctx context.Context, e *env, fl *childFlags, say func(verb, arg
 }
 
 func relayOver(ctx context.Context, e *env, pool *pgxpool.Pool, js jetstream.JetStream, say func(verb, arg string)) error {
-	ob, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{Logger: e.soak.libLog()})
+	ob, err := outbox.New(pool, outbox.Config{Logger: e.soak.libLog()})
 	if err != nil {
 		return err
 	}

@@ -13,8 +13,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/exactlyonce/dedupe"
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // publishThroughOutbox places the orders as an orders service would: each
@@ -25,7 +25,7 @@ import (
 // consumer's processing joins the trace of the order's placement. It
 // returns once the relay published everything.
 func publishThroughOutbox(ctx context.Context, o options, pool *pgxpool.Pool, js jetstream.JetStream, msgs []order) error {
-	outbox, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{Logger: o.Logger, Observer: o.Observer})
+	ob, err := outbox.New(pool, outbox.Config{Logger: o.Logger, Observer: o.Observer})
 	if err != nil {
 		return err
 	}
@@ -33,7 +33,7 @@ func publishThroughOutbox(ctx context.Context, o options, pool *pgxpool.Pool, js
 	if err != nil {
 		return err
 	}
-	relay, err := dedupe.NewRelay(outbox, pub, dedupe.RelayConfig{
+	relay, err := outbox.NewRelay(ob, pub, outbox.RelayConfig{
 		DisableListen: true, PollInterval: 20 * time.Millisecond, Logger: o.Logger,
 	})
 	if err != nil {
@@ -53,14 +53,14 @@ func publishThroughOutbox(ctx context.Context, o options, pool *pgxpool.Pool, js
 	}
 	tracer := tp.Tracer("github.com/exactlyonce/dedupe/examples/quickstart")
 	for _, ord := range msgs {
-		if err := placeOrder(ctx, tracer, pool, outbox, ord); err != nil {
+		if err := placeOrder(ctx, tracer, pool, ob, ord); err != nil {
 			return err
 		}
 	}
 
 	deadline := time.Now().Add(o.Timeout)
 	for {
-		s, err := outbox.Stats(ctx)
+		s, err := ob.Stats(ctx)
 		if err != nil {
 			return err
 		}
@@ -76,7 +76,7 @@ func publishThroughOutbox(ctx context.Context, o options, pool *pgxpool.Pool, js
 
 // placeOrder enqueues ord in the outbox in a transaction of its own, inside
 // a "place order" span.
-func placeOrder(ctx context.Context, tracer trace.Tracer, pool *pgxpool.Pool, outbox *dedupe.Outbox, ord order) error {
+func placeOrder(ctx context.Context, tracer trace.Tracer, pool *pgxpool.Pool, ob *outbox.Outbox, ord order) error {
 	ctx, span := tracer.Start(ctx, "place order", trace.WithAttributes(attribute.String("order.id", ord.ID)))
 	defer span.End()
 	payload, err := json.Marshal(ord)
@@ -84,7 +84,7 @@ func placeOrder(ctx context.Context, tracer trace.Tracer, pool *pgxpool.Pool, ou
 		return err
 	}
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := outbox.Enqueue(ctx, tx, dedupe.Message{Topic: "orders.created",
+		_, err := ob.Enqueue(ctx, tx, outbox.Message{Topic: "orders.created",
 			Headers: map[string][]string{orderIDHdr: {ord.ID}}, Payload: payload})
 		return err
 	})

@@ -22,6 +22,7 @@ import (
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
 	"github.com/exactlyonce/dedupe/examples/counter"
 	"github.com/exactlyonce/dedupe/examples/embedded"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 const (
@@ -46,10 +47,17 @@ type options struct {
 
 	// Observer is told what the inbox, the outbox and the relay do (the
 	// OpenTelemetry one in main). Defaults to none.
-	Observer dedupe.Observer
+	Observer observer
 	// TracerProvider traces each order's placement, the request in which
 	// it is enqueued. Defaults to the global one.
 	TracerProvider trace.TracerProvider
+}
+
+// observer is told what the inbox and the outbox do: the hooks of both, as
+// the OpenTelemetry Observer implements them.
+type observer interface {
+	dedupe.Observer
+	outbox.Observer
 }
 
 // report is what a run came to.

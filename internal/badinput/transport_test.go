@@ -15,6 +15,7 @@ import (
 	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
 	"github.com/exactlyonce/dedupe/internal/natstest"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // TestOutboxRefusals: Enqueue refuses malformed messages with a
@@ -23,48 +24,48 @@ func TestOutboxRefusals(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	ctx := context.Background()
-	ob, err := dedupe.NewOutbox(e.db.Pool, dedupe.OutboxConfig{})
+	ob, err := outbox.New(e.db.Pool, outbox.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cases := []struct {
 		name  string
-		msg   dedupe.Message
+		msg   outbox.Message
 		field string
 	}{
-		{"no topic", dedupe.Message{ID: "m1"}, "Topic"},
-		{"topic of 256 bytes", dedupe.Message{ID: "m1", Topic: strings.Repeat("t", 256)}, "Topic"},
-		{"topic with a newline", dedupe.Message{ID: "m1", Topic: "orders\n"}, "Topic"},
-		{"topic of invalid UTF-8", dedupe.Message{ID: "m1", Topic: "\xff"}, "Topic"},
-		{"id of 256 bytes", dedupe.Message{ID: strings.Repeat("i", 256), Topic: "orders"}, "ID"},
-		{"id with a NUL", dedupe.Message{ID: "m\x00", Topic: "orders"}, "ID"},
-		{"key of 256 bytes", dedupe.Message{ID: "m1", Topic: "orders", Key: strings.Repeat("k", 256)}, "Key"},
-		{"key with a control char", dedupe.Message{ID: "m1", Topic: "orders", Key: "a\x1bb"}, "Key"},
+		{"no topic", outbox.Message{ID: "m1"}, "Topic"},
+		{"topic of 256 bytes", outbox.Message{ID: "m1", Topic: strings.Repeat("t", 256)}, "Topic"},
+		{"topic with a newline", outbox.Message{ID: "m1", Topic: "orders\n"}, "Topic"},
+		{"topic of invalid UTF-8", outbox.Message{ID: "m1", Topic: "\xff"}, "Topic"},
+		{"id of 256 bytes", outbox.Message{ID: strings.Repeat("i", 256), Topic: "orders"}, "ID"},
+		{"id with a NUL", outbox.Message{ID: "m\x00", Topic: "orders"}, "ID"},
+		{"key of 256 bytes", outbox.Message{ID: "m1", Topic: "orders", Key: strings.Repeat("k", 256)}, "Key"},
+		{"key with a control char", outbox.Message{ID: "m1", Topic: "orders", Key: "a\x1bb"}, "Key"},
 	}
 	for _, c := range cases {
 		err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
 			_, err := ob.Enqueue(ctx, tx, c.msg)
 			return err
 		})
-		var me *dedupe.MessageError
-		if !errors.Is(err, dedupe.ErrInvalidMessage) || !errors.As(err, &me) || me.Field != c.field {
+		var me *outbox.MessageError
+		if !errors.Is(err, outbox.ErrInvalidMessage) || !errors.As(err, &me) || me.Field != c.field {
 			t.Errorf("%s: err = %v, want a *MessageError for %s matching ErrInvalidMessage", c.name, err, c.field)
 		}
 	}
-	if _, err := ob.Enqueue(ctx, nil, dedupe.Message{Topic: "orders"}); !errors.Is(err, dedupe.ErrInvalidConfig) {
+	if _, err := ob.Enqueue(ctx, nil, outbox.Message{Topic: "orders"}); !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Errorf("Enqueue(nil tx) = %v, want ErrInvalidConfig", err)
 	}
 	if n := e.db.Count(t, "SELECT count(*) FROM "+dedupe.DefaultOutboxTable); n != 0 {
 		t.Errorf("outbox rows = %d, want 0", n)
 	}
 
-	pub := publisherFunc(func(context.Context, []*dedupe.OutboxMessage) []error { return nil })
+	pub := publisherFunc(func(context.Context, []*outbox.StoredMessage) []error { return nil })
 	relays := map[string]func() error{
-		"nil outbox":         func() error { _, err := dedupe.NewRelay(nil, pub, dedupe.RelayConfig{}); return err },
-		"nil publisher":      func() error { _, err := dedupe.NewRelay(ob, nil, dedupe.RelayConfig{}); return err },
-		"negative BatchSize": func() error { _, err := dedupe.NewRelay(ob, pub, dedupe.RelayConfig{BatchSize: -1}); return err },
+		"nil outbox":         func() error { _, err := outbox.NewRelay(nil, pub, outbox.RelayConfig{}); return err },
+		"nil publisher":      func() error { _, err := outbox.NewRelay(ob, nil, outbox.RelayConfig{}); return err },
+		"negative BatchSize": func() error { _, err := outbox.NewRelay(ob, pub, outbox.RelayConfig{BatchSize: -1}); return err },
 		"MaxBackoff < MinBackoff": func() error {
-			_, err := dedupe.NewRelay(ob, pub, dedupe.RelayConfig{MinBackoff: time.Minute, MaxBackoff: time.Second})
+			_, err := outbox.NewRelay(ob, pub, outbox.RelayConfig{MinBackoff: time.Minute, MaxBackoff: time.Second})
 			return err
 		},
 	}
@@ -91,9 +92,9 @@ func assertConfigErrors(t *testing.T, cases map[string]func() error, fields map[
 	}
 }
 
-type publisherFunc func(ctx context.Context, msgs []*dedupe.OutboxMessage) []error
+type publisherFunc func(ctx context.Context, msgs []*outbox.StoredMessage) []error
 
-func (f publisherFunc) Publish(ctx context.Context, msgs []*dedupe.OutboxMessage) []error {
+func (f publisherFunc) Publish(ctx context.Context, msgs []*outbox.StoredMessage) []error {
 	return f(ctx, msgs)
 }
 

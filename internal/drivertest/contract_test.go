@@ -15,6 +15,7 @@ import (
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 	"github.com/exactlyonce/dedupe/internal/pgproxy"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // bundle is one contract test's database: its own schema, the driver's DB
@@ -456,7 +457,7 @@ func contract[TTx any](t *testing.T, k kit[TTx]) {
 		t.Parallel()
 		b := setup(t, k)
 		inbox := b.newInbox(t, b.inbox, dedupe.Config{})
-		ob, err := dedupe.NewOutbox(b.inbox, dedupe.OutboxConfig{Logger: dbtest.Logger(t)})
+		ob, err := outbox.New(b.inbox, outbox.Config{Logger: dbtest.Logger(t)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -479,7 +480,7 @@ func contract[TTx any](t *testing.T, k kit[TTx]) {
 		if err := inbox.StoreResultTx(ctx, k.querier(tx), claims[0], dedupe.Result{Status: 200, Headers: map[string][]string{"A": {"b"}}}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := ob.Enqueue(ctx, k.querier(tx), dedupe.Message{Topic: "t", Key: "k", Payload: []byte("p")}); err != nil {
+		if _, err := ob.Enqueue(ctx, k.querier(tx), outbox.Message{Topic: "t", Key: "k", Payload: []byte("p")}); err != nil {
 			t.Fatal(err)
 		}
 		if err := k.commit(ctx, tx); err != nil {
@@ -502,10 +503,10 @@ func contract[TTx any](t *testing.T, k kit[TTx]) {
 		// The relay publishes through the same driver (polling where it
 		// cannot LISTEN).
 		var published atomic.Int64
-		relay, err := dedupe.NewRelay(ob, dedupe.PublishFunc(func(_ context.Context, m *dedupe.OutboxMessage) error {
+		relay, err := outbox.NewRelay(ob, outbox.PublishFunc(func(_ context.Context, m *outbox.StoredMessage) error {
 			published.Add(1)
 			return nil
-		}), dedupe.RelayConfig{Logger: dbtest.Logger(t)})
+		}), outbox.RelayConfig{Logger: dbtest.Logger(t)})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -21,6 +21,7 @@ import (
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 	"github.com/exactlyonce/dedupe/internal/natstest"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 func TestMain(m *testing.M) { dbtest.VerifyTestMain(m) }
@@ -176,7 +177,7 @@ func TestChainExactlyOnceUnderFaults(t *testing.T) {
 	// Service A: claims the order, records its effect and enqueues the
 	// follow-up in the same transaction.
 	a := newService(t)
-	outbox, err := dedupe.NewOutbox(a.db.Pool, dedupe.OutboxConfig{})
+	ob, err := outbox.New(a.db.Pool, outbox.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +188,7 @@ func TestChainExactlyOnceUnderFaults(t *testing.T) {
 		}
 		// A stable ID: a retry of the whole handler would enqueue the same one.
 		id := dedupe.ClaimFromContext(ctx).DerivedKey("shipment-requested")
-		if _, err := outbox.Enqueue(ctx, tx, dedupe.Message{ID: id, Topic: "out.shipments", Key: order, Payload: []byte(order)}); err != nil {
+		if _, err := ob.Enqueue(ctx, tx, outbox.Message{ID: id, Topic: "out.shipments", Key: order, Payload: []byte(order)}); err != nil {
 			return err
 		}
 		return a.inject(ctx, tx, &f, "a", order)
@@ -217,7 +218,7 @@ func TestChainExactlyOnceUnderFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(relayPool.Close)
-	relayOutbox, _ := dedupe.NewOutbox(relayPool, dedupe.OutboxConfig{})
+	relayOutbox, _ := outbox.New(relayPool, outbox.Config{})
 	pub, err := dedupenats.NewOutboxPublisher(js, dedupenats.OutboxPublisherConfig{Stream: "OUT"})
 	if err != nil {
 		t.Fatal(err)
@@ -231,7 +232,7 @@ func TestChainExactlyOnceUnderFaults(t *testing.T) {
 		}
 	}}
 	for range 2 {
-		relay, err := dedupe.NewRelay(relayOutbox, crashy, dedupe.RelayConfig{BatchSize: 16, PollInterval: 100 * time.Millisecond,
+		relay, err := outbox.NewRelay(relayOutbox, crashy, outbox.RelayConfig{BatchSize: 16, PollInterval: 100 * time.Millisecond,
 			MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
@@ -349,11 +350,11 @@ func TestChainExactlyOnceUnderFaults(t *testing.T) {
 // transaction, kills the relay's database connections: the broker has the
 // messages, the outbox does not know it.
 type crashAfterPublish struct {
-	pub   dedupe.Publisher
+	pub   outbox.Publisher
 	crash func()
 }
 
-func (c crashAfterPublish) Publish(ctx context.Context, msgs []*dedupe.OutboxMessage) []error {
+func (c crashAfterPublish) Publish(ctx context.Context, msgs []*outbox.StoredMessage) []error {
 	errs := c.pub.Publish(ctx, msgs)
 	c.crash()
 	return errs

@@ -12,16 +12,17 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // New returns a fresh schema (dbtest.New), migrated, and an outbox in it.
-func New(t testing.TB) (*dbtest.DB, *dedupe.Outbox) {
+func New(t testing.TB) (*dbtest.DB, *outbox.Outbox) {
 	t.Helper()
 	db := dbtest.New(t)
 	if err := dedupe.Migrate(context.Background(), db.Pool, dedupe.MigrateConfig{}); err != nil {
 		t.Fatalf("outboxtest: migrate: %v", err)
 	}
-	ob, err := dedupe.NewOutbox(db.Pool, dedupe.OutboxConfig{})
+	ob, err := outbox.New(db.Pool, outbox.Config{})
 	if err != nil {
 		t.Fatalf("outboxtest: %v", err)
 	}
@@ -32,7 +33,7 @@ func New(t testing.TB) (*dbtest.DB, *dedupe.Outbox) {
 // returns the messages' IDs in order.
 func Enqueue(t testing.TB, db interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
-}, ob *dedupe.Outbox, msgs ...dedupe.Message) []string {
+}, ob *outbox.Outbox, msgs ...outbox.Message) []string {
 	t.Helper()
 	ctx := context.Background()
 	ids := make([]string, 0, len(msgs))
@@ -54,13 +55,13 @@ func Enqueue(t testing.TB, db interface {
 
 // FailedPublishes is an Observer that counts the relay's failed publishes.
 type FailedPublishes struct {
-	dedupe.NopObserver
+	outbox.NopObserver
 	n atomic.Int32
 }
 
 // StartPublish counts the publish if it fails.
-func (f *FailedPublishes) StartPublish(ctx context.Context, _ *dedupe.OutboxMessage) (context.Context, func(dedupe.PublishDone)) {
-	return ctx, func(d dedupe.PublishDone) {
+func (f *FailedPublishes) StartPublish(ctx context.Context, _ *outbox.StoredMessage) (context.Context, func(outbox.PublishDone)) {
+	return ctx, func(d outbox.PublishDone) {
 		if d.Err != nil {
 			f.n.Add(1)
 		}

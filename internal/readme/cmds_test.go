@@ -21,6 +21,7 @@ import (
 	"github.com/rogpeppe/go-internal/testscript"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // commands are the scripts' own commands, beside testscript's.
@@ -190,16 +191,16 @@ func cmdPark(ts *testscript.TestScript, neg bool, args []string) {
 	conn, err := pgx.Connect(ctx, ts.Getenv("DATABASE_URL"))
 	ts.Check(err)
 	defer conn.Close(ctx)
-	ob, err := dedupe.NewOutbox(conn, dedupe.OutboxConfig{})
+	ob, err := outbox.New(conn, outbox.Config{})
 	ts.Check(err)
 	var id string
 	ts.Check(pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		id, err = ob.Enqueue(ctx, tx, dedupe.Message{Topic: args[0], Key: args[1], Payload: []byte(args[2])})
+		id, err = ob.Enqueue(ctx, tx, outbox.Message{Topic: args[0], Key: args[1], Payload: []byte(args[2])})
 		return err
 	}))
-	relay, err := dedupe.NewRelay(ob, dedupe.PublishFunc(func(context.Context, *dedupe.OutboxMessage) error {
+	relay, err := outbox.NewRelay(ob, outbox.PublishFunc(func(context.Context, *outbox.StoredMessage) error {
 		return dedupe.Permanent(errors.New("no such topic: " + args[0]))
-	}), dedupe.RelayConfig{DisableListen: true, Logger: slog.New(slog.DiscardHandler)})
+	}), outbox.RelayConfig{DisableListen: true, Logger: slog.New(slog.DiscardHandler)})
 	ts.Check(err)
 	_, err = relay.Cycle(ctx)
 	ts.Check(err)

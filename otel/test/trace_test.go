@@ -15,6 +15,7 @@ import (
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 	dedupeotel "github.com/exactlyonce/dedupe/otel"
 	"github.com/exactlyonce/dedupe/otel/internal/oteltest"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // orders is how many orders each end-to-end test enqueues, each in its own
@@ -33,7 +34,7 @@ type transport struct {
 	system      string // messaging.system
 	destination string // the subject or topic the outbox publishes to
 	group       string // the consumer group or durable
-	publisher   dedupe.Publisher
+	publisher   outbox.Publisher
 	// start runs the adapter's runner in the background until the test
 	// ends, calling effect for every message it claims; it returns a
 	// function that stops the runner.
@@ -63,7 +64,7 @@ func endToEnd(t *testing.T, newTransport func(t *testing.T) *transport) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	outbox, err := dedupe.NewOutbox(db.Pool, dedupe.OutboxConfig{Observer: tel.Obs, Logger: dbtest.Logger(t)})
+	ob, err := outbox.New(db.Pool, outbox.Config{Observer: tel.Obs, Logger: dbtest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +76,7 @@ func endToEnd(t *testing.T, newTransport func(t *testing.T) *transport) {
 		id := fmt.Sprintf("order-%d", i)
 		rctx, req := tel.Tracer().Start(ctx, "POST /orders", trace.WithSpanKind(trace.SpanKindServer))
 		err := pgx.BeginFunc(rctx, db.Pool, func(tx pgx.Tx) error {
-			_, err := outbox.Enqueue(rctx, tx, dedupe.Message{Topic: tr.destination, Key: id,
+			_, err := ob.Enqueue(rctx, tx, outbox.Message{Topic: tr.destination, Key: id,
 				Headers: map[string][]string{orderHdr: {id}}, Payload: []byte(`{"id":"` + id + `"}`)})
 			return err
 		})
@@ -87,7 +88,7 @@ func endToEnd(t *testing.T, newTransport func(t *testing.T) *transport) {
 	}
 
 	// The relay publishes them through the adapter's outbox publisher.
-	relay, err := dedupe.NewRelay(outbox, tr.publisher, dedupe.RelayConfig{DisableListen: true})
+	relay, err := outbox.NewRelay(ob, tr.publisher, outbox.RelayConfig{DisableListen: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,11 +24,12 @@ import (
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 	"github.com/exactlyonce/dedupe/internal/kafkatest"
 	"github.com/exactlyonce/dedupe/internal/outboxtest"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 type outboxEnv struct {
 	db     *dbtest.DB
-	outbox *dedupe.Outbox
+	outbox *outbox.Outbox
 	pub    *dedupekafka.OutboxPublisher
 }
 
@@ -46,7 +47,7 @@ func outboxSetup(t *testing.T, brokers []string) *outboxEnv {
 	return &outboxEnv{db: db, outbox: ob, pub: pub}
 }
 
-func (e *outboxEnv) enqueue(t *testing.T, msgs ...dedupe.Message) []string {
+func (e *outboxEnv) enqueue(t *testing.T, msgs ...outbox.Message) []string {
 	t.Helper()
 	return outboxtest.Enqueue(t, e.db.Pool, e.outbox, msgs...)
 }
@@ -116,26 +117,26 @@ func TestOutboxPublisherExactlyOnceInKeyOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.outbox.Enqueue(ctx, tx, dedupe.Message{Topic: "orders", Key: "k0", Payload: []byte("rolled back")}); err != nil {
+	if _, err := e.outbox.Enqueue(ctx, tx, outbox.Message{Topic: "orders", Key: "k0", Payload: []byte("rolled back")}); err != nil {
 		t.Fatal(err)
 	}
 	_ = tx.Rollback(ctx)
 
-	r1, err := dedupe.NewRelay(e.outbox, e.pub, dedupe.RelayConfig{DisableListen: true, BatchSize: 8})
+	r1, err := outbox.NewRelay(e.outbox, e.pub, outbox.RelayConfig{DisableListen: true, BatchSize: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r2, _ := dedupe.NewRelay(e.outbox, e.pub, dedupe.RelayConfig{DisableListen: true, BatchSize: 8})
+	r2, _ := outbox.NewRelay(e.outbox, e.pub, outbox.RelayConfig{DisableListen: true, BatchSize: 8})
 	const n, keys = 60, 6
 	var ids []string
 	for i := range n {
-		ids = append(ids, e.enqueue(t, dedupe.Message{Topic: "orders", Key: fmt.Sprint("k", i%keys),
+		ids = append(ids, e.enqueue(t, outbox.Message{Topic: "orders", Key: fmt.Sprint("k", i%keys),
 			Payload: []byte(strconv.Itoa(i)), Headers: map[string][]string{"Source": {"test"}}})...)
 	}
 	var total atomic.Int64
 	errs := make([]error, 2)
 	done := make(chan int, 2)
-	for i, r := range []*dedupe.Relay{r1, r2} {
+	for i, r := range []*outbox.Relay{r1, r2} {
 		go func() {
 			for {
 				k, err := r.Cycle(ctx)
@@ -236,7 +237,7 @@ func brokerDownThenAllArrive(t *testing.T, keys int) {
 	brokers := c.ListenAddrs()
 	e := outboxSetup(t, brokers)
 	var failures outboxtest.FailedPublishes
-	relay, err := dedupe.NewRelay(e.outbox, e.pub, dedupe.RelayConfig{PollInterval: 50 * time.Millisecond,
+	relay, err := outbox.NewRelay(e.outbox, e.pub, outbox.RelayConfig{PollInterval: 50 * time.Millisecond,
 		PublishTimeout: time.Second, MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, MaxAttempts: 2,
 		Observer: &failures})
 	if err != nil {
@@ -246,7 +247,7 @@ func brokerDownThenAllArrive(t *testing.T, keys int) {
 	c.Close()
 	const n = 30
 	for i := range n {
-		e.enqueue(t, dedupe.Message{Topic: "orders", Key: fmt.Sprint("k", i%keys), Payload: []byte(strconv.Itoa(i))})
+		e.enqueue(t, outbox.Message{Topic: "orders", Key: fmt.Sprint("k", i%keys), Payload: []byte(strconv.Itoa(i))})
 	}
 	// More failed publishes than MaxAttempts allows one message.
 	dbtest.WaitFor(t, 10*time.Second, "4 failed publishes while down", func() bool { return failures.Load() >= 4 })
@@ -285,15 +286,15 @@ func TestOutboxPublisherOversizedParkedOthersPublished(t *testing.T) {
 	brokers := kafkatest.Cluster(t, 1, "orders")
 	e := outboxSetup(t, brokers)
 	ctx := context.Background()
-	relay, err := dedupe.NewRelay(e.outbox, e.pub, dedupe.RelayConfig{DisableListen: true,
+	relay, err := outbox.NewRelay(e.outbox, e.pub, outbox.RelayConfig{DisableListen: true,
 		MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ids := e.enqueue(t,
-		dedupe.Message{Topic: "orders", Key: "a", Payload: []byte("a")},
-		dedupe.Message{Topic: "orders", Key: "big", Payload: make([]byte, 2<<20)},
-		dedupe.Message{Topic: "orders", Key: "b", Payload: []byte("b")})
+		outbox.Message{Topic: "orders", Key: "a", Payload: []byte("a")},
+		outbox.Message{Topic: "orders", Key: "big", Payload: make([]byte, 2<<20)},
+		outbox.Message{Topic: "orders", Key: "b", Payload: []byte("b")})
 	published := 0
 	dbtest.WaitFor(t, 10*time.Second, "a and b published", func() bool {
 		n, _ := relay.Cycle(ctx)
@@ -329,7 +330,7 @@ func ExampleNewOutboxPublisher() {
 	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		log.Fatal(err)
 	}
-	outbox, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{})
+	ob, err := outbox.New(pool, outbox.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -339,7 +340,7 @@ func ExampleNewOutboxPublisher() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	relay, err := dedupe.NewRelay(outbox, pub, dedupe.RelayConfig{})
+	relay, err := outbox.NewRelay(ob, pub, outbox.RelayConfig{})
 	if err != nil {
 		log.Fatal(err)
 	}

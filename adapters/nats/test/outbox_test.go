@@ -28,13 +28,14 @@ import (
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 	"github.com/exactlyonce/dedupe/internal/natstest"
 	"github.com/exactlyonce/dedupe/internal/outboxtest"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // outboxEnv is a migrated schema with an outbox, a JetStream stream ORDERS
 // on orders.> with a duplicate window, and a publisher.
 type outboxEnv struct {
 	db     *dbtest.DB
-	outbox *dedupe.Outbox
+	outbox *outbox.Outbox
 	js     jetstream.JetStream
 	stream jetstream.Stream
 	pub    *dedupenats.OutboxPublisher
@@ -59,7 +60,7 @@ func outboxSetup(t *testing.T, nc *nats.Conn) *outboxEnv {
 	return &outboxEnv{db: db, outbox: ob, js: js, stream: st, pub: pub}
 }
 
-func (e *outboxEnv) enqueue(t testing.TB, msgs ...dedupe.Message) []string {
+func (e *outboxEnv) enqueue(t testing.TB, msgs ...outbox.Message) []string {
 	t.Helper()
 	return outboxtest.Enqueue(t, e.db.Pool, e.outbox, msgs...)
 }
@@ -87,7 +88,7 @@ func TestOutboxPublisherRolledBackNothingCommittedOnce(t *testing.T) {
 	t.Parallel()
 	e := outboxSetup(t, natstest.Connect(t, natstest.Server(t)))
 	ctx := context.Background()
-	relay, err := dedupe.NewRelay(e.outbox, e.pub, dedupe.RelayConfig{DisableListen: true})
+	relay, err := outbox.NewRelay(e.outbox, e.pub, outbox.RelayConfig{DisableListen: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,14 +96,14 @@ func TestOutboxPublisherRolledBackNothingCommittedOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.outbox.Enqueue(ctx, tx, dedupe.Message{Topic: "orders.created", Payload: []byte("never")}); err != nil {
+	if _, err := e.outbox.Enqueue(ctx, tx, outbox.Message{Topic: "orders.created", Payload: []byte("never")}); err != nil {
 		t.Fatal(err)
 	}
 	_ = tx.Rollback(ctx)
 	ids := e.enqueue(t,
-		dedupe.Message{Topic: "orders.created", Key: "o1", Payload: []byte("a"), Headers: map[string][]string{"Trace": {"x"}}},
-		dedupe.Message{Topic: "orders.paid", Key: "o1", Payload: []byte("b")},
-		dedupe.Message{Topic: "orders.created", Key: "o2", Payload: []byte("c")})
+		outbox.Message{Topic: "orders.created", Key: "o1", Payload: []byte("a"), Headers: map[string][]string{"Trace": {"x"}}},
+		outbox.Message{Topic: "orders.paid", Key: "o1", Payload: []byte("b")},
+		outbox.Message{Topic: "orders.created", Key: "o2", Payload: []byte("c")})
 	for i, want := range []int{3, 0} {
 		if n, err := relay.Cycle(ctx); err != nil || n != want {
 			t.Fatalf("cycle %d = %d, %v; want %d", i, n, err, want)
@@ -127,7 +128,7 @@ func TestOutboxPublisherRolledBackNothingCommittedOnce(t *testing.T) {
 	// A subject no stream captures is refused and retried, never lost: a
 	// failure of that message alone (it counts toward its attempts), not an
 	// outage that would pause the relay.
-	e.enqueue(t, dedupe.Message{Topic: "elsewhere"})
+	e.enqueue(t, outbox.Message{Topic: "elsewhere"})
 	if n, err := relay.Cycle(ctx); n != 0 || err != nil {
 		t.Fatalf("unroutable: %d, %v", n, err)
 	}
@@ -155,10 +156,10 @@ func TestOutboxPublisherKilledBeforeMarkDroppedByMsgID(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	ob, _ := dedupe.NewOutbox(pool, dedupe.OutboxConfig{})
+	ob, _ := outbox.New(pool, outbox.Config{})
 	var kill atomic.Bool
 	kill.Store(true)
-	pub := publisherFunc(func(ctx context.Context, msgs []*dedupe.OutboxMessage) []error {
+	pub := publisherFunc(func(ctx context.Context, msgs []*outbox.StoredMessage) []error {
 		errs := e.pub.Publish(ctx, msgs)
 		if kill.CompareAndSwap(true, false) {
 			for _, pid := range e.db.BackendPIDs(t, app) {
@@ -167,14 +168,14 @@ func TestOutboxPublisherKilledBeforeMarkDroppedByMsgID(t *testing.T) {
 		}
 		return errs
 	})
-	relay, err := dedupe.NewRelay(ob, pub, dedupe.RelayConfig{DisableListen: true})
+	relay, err := outbox.NewRelay(ob, pub, outbox.RelayConfig{DisableListen: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	const n = 20
-	var msgs []dedupe.Message
+	var msgs []outbox.Message
 	for i := range n {
-		msgs = append(msgs, dedupe.Message{Topic: "orders.created", Key: fmt.Sprint("o", i%4), Payload: []byte(strconv.Itoa(i))})
+		msgs = append(msgs, outbox.Message{Topic: "orders.created", Key: fmt.Sprint("o", i%4), Payload: []byte(strconv.Itoa(i))})
 	}
 	e.enqueue(t, msgs...)
 	if _, err := relay.Cycle(ctx); err == nil {
@@ -200,9 +201,9 @@ func TestOutboxPublisherKilledBeforeMarkDroppedByMsgID(t *testing.T) {
 	}
 }
 
-type publisherFunc func(ctx context.Context, msgs []*dedupe.OutboxMessage) []error
+type publisherFunc func(ctx context.Context, msgs []*outbox.StoredMessage) []error
 
-func (f publisherFunc) Publish(ctx context.Context, msgs []*dedupe.OutboxMessage) []error {
+func (f publisherFunc) Publish(ctx context.Context, msgs []*outbox.StoredMessage) []error {
 	return f(ctx, msgs)
 }
 
@@ -214,7 +215,7 @@ func TestOutboxPublisherTwoRelaysKeepOrder(t *testing.T) {
 	e := outboxSetup(t, natstest.Connect(t, natstest.Server(t)))
 	ctx := context.Background()
 	for range 2 {
-		r, err := dedupe.NewRelay(e.outbox, e.pub, dedupe.RelayConfig{BatchSize: 10, PollInterval: time.Second})
+		r, err := outbox.NewRelay(e.outbox, e.pub, outbox.RelayConfig{BatchSize: 10, PollInterval: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -233,7 +234,7 @@ func TestOutboxPublisherTwoRelaysKeepOrder(t *testing.T) {
 				key := fmt.Sprint("o", (w*each+i)%keys)
 				var n int
 				err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
-					id, err := e.outbox.Enqueue(ctx, tx, dedupe.Message{Topic: "orders." + key, Key: key})
+					id, err := e.outbox.Enqueue(ctx, tx, outbox.Message{Topic: "orders." + key, Key: key})
 					if err != nil {
 						return err
 					}
@@ -324,21 +325,21 @@ func natsDownThenAllArrive(t *testing.T, keys int) {
 	t.Cleanup(nc.Close)
 	e := outboxSetup(t, nc)
 	var failures outboxtest.FailedPublishes
-	relay, err := dedupe.NewRelay(e.outbox, e.pub, dedupe.RelayConfig{PollInterval: 50 * time.Millisecond,
+	relay, err := outbox.NewRelay(e.outbox, e.pub, outbox.RelayConfig{PollInterval: 50 * time.Millisecond,
 		PublishTimeout: 500 * time.Millisecond, MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, MaxAttempts: 2,
 		Observer: &failures})
 	if err != nil {
 		t.Fatal(err)
 	}
 	dbtest.Background(t, "relay", relay.Run)
-	e.enqueue(t, dedupe.Message{Topic: "orders.created", Key: "before"})
+	e.enqueue(t, outbox.Message{Topic: "orders.created", Key: "before"})
 	dbtest.WaitFor(t, 5*time.Second, "first message", func() bool { return len(e.streamMsgs(t)) == 1 })
 
 	srv.Shutdown()
 	srv.WaitForShutdown()
 	const n = 40
 	for i := range n {
-		e.enqueue(t, dedupe.Message{Topic: "orders.created", Key: fmt.Sprint("k", i%keys), Payload: []byte(strconv.Itoa(i))})
+		e.enqueue(t, outbox.Message{Topic: "orders.created", Key: fmt.Sprint("k", i%keys), Payload: []byte(strconv.Itoa(i))})
 	}
 	// More failed publishes than MaxAttempts allows one message.
 	dbtest.WaitFor(t, 10*time.Second, "failed publishes while down", func() bool { return failures.Load() >= 5 })
@@ -374,7 +375,7 @@ func BenchmarkOutboxRelay(b *testing.B) {
 	nc := natstest.Connect(b, srv)
 	ctx := context.Background()
 	const writers = 4
-	var direct, outbox float64
+	var direct, viaOutbox float64
 
 	b.Run("direct", func(b *testing.B) {
 		e := outboxBenchSetup(b, nc)
@@ -402,7 +403,7 @@ func BenchmarkOutboxRelay(b *testing.B) {
 			lat       = make([]time.Duration, 0, b.N)
 			acked     atomic.Int64
 		)
-		pub := publisherFunc(func(ctx context.Context, msgs []*dedupe.OutboxMessage) []error {
+		pub := publisherFunc(func(ctx context.Context, msgs []*outbox.StoredMessage) []error {
 			errs := e.pub.Publish(ctx, msgs)
 			now := time.Now()
 			mu.Lock()
@@ -419,7 +420,7 @@ func BenchmarkOutboxRelay(b *testing.B) {
 		if quiet {
 			ob = ob.WithoutNotify()
 		}
-		relay, err := dedupe.NewRelay(e.outbox, pub, dedupe.RelayConfig{PollInterval: poll})
+		relay, err := outbox.NewRelay(e.outbox, pub, outbox.RelayConfig{PollInterval: poll})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -436,7 +437,7 @@ func BenchmarkOutboxRelay(b *testing.B) {
 			if _, err := tx.Exec(ctx, `INSERT INTO effects (n) VALUES ($1)`, i); err != nil {
 				return err
 			}
-			id, err := ob.Enqueue(ctx, tx, dedupe.Message{Topic: "orders.created", Payload: []byte(strconv.Itoa(i))})
+			id, err := ob.Enqueue(ctx, tx, outbox.Message{Topic: "orders.created", Payload: []byte(strconv.Itoa(i))})
 			if err != nil {
 				return err
 			}
@@ -457,7 +458,7 @@ func BenchmarkOutboxRelay(b *testing.B) {
 		b.StopTimer()
 		rate := float64(b.N) / elapsed.Seconds()
 		if !quiet {
-			outbox = rate
+			viaOutbox = rate
 		}
 		mu.Lock()
 		slices.Sort(lat)
@@ -478,13 +479,13 @@ func BenchmarkOutboxRelay(b *testing.B) {
 	b.Run("relay-drain", func(b *testing.B) {
 		e := outboxBenchSetup(b, nc)
 		for lo := 0; lo < b.N; lo += 500 {
-			var msgs []dedupe.Message
+			var msgs []outbox.Message
 			for i := lo; i < min(lo+500, b.N); i++ {
-				msgs = append(msgs, dedupe.Message{Topic: "orders.created", Key: "k" + strconv.Itoa(i%100), Payload: []byte(strconv.Itoa(i))})
+				msgs = append(msgs, outbox.Message{Topic: "orders.created", Key: "k" + strconv.Itoa(i%100), Payload: []byte(strconv.Itoa(i))})
 			}
 			e.enqueue(b, msgs...)
 		}
-		relay, err := dedupe.NewRelay(e.outbox, e.pub, dedupe.RelayConfig{DisableListen: true})
+		relay, err := outbox.NewRelay(e.outbox, e.pub, outbox.RelayConfig{DisableListen: true})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -500,8 +501,8 @@ func BenchmarkOutboxRelay(b *testing.B) {
 		b.StopTimer()
 		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
 	})
-	if direct > 0 && outbox > 0 {
-		b.Logf("outbox/direct throughput ratio: %.2f (outbox %.0f msgs/s, direct dual write %.0f msgs/s)", outbox/direct, outbox, direct)
+	if direct > 0 && viaOutbox > 0 {
+		b.Logf("outbox/direct throughput ratio: %.2f (outbox %.0f msgs/s, direct dual write %.0f msgs/s)", viaOutbox/direct, viaOutbox, direct)
 	}
 }
 
@@ -580,7 +581,7 @@ func ExampleNewOutboxPublisher() {
 		log.Fatal(err)
 	}
 
-	outbox, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{})
+	ob, err := outbox.New(pool, outbox.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -588,11 +589,11 @@ func ExampleNewOutboxPublisher() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	relay, err := dedupe.NewRelay(outbox, pub, dedupe.RelayConfig{})
+	relay, err := outbox.NewRelay(ob, pub, outbox.RelayConfig{})
 	if err != nil {
 		log.Fatal(err)
 	}
-	// Handlers elsewhere call outbox.Enqueue(ctx, tx, dedupe.Message{Topic:
+	// Handlers elsewhere call ob.Enqueue(ctx, tx, outbox.Message{Topic:
 	// "orders.placed", Key: orderID, Payload: body}) in their transaction.
 	if err := relay.Run(ctx); err != nil { // until Ctrl-C
 		log.Fatal(err)
@@ -606,14 +607,14 @@ func TestOutboxPublisherOversizedParkedOthersPublished(t *testing.T) {
 	t.Parallel()
 	e := outboxSetup(t, natstest.Connect(t, natstest.Server(t)))
 	ctx := context.Background()
-	relay, err := dedupe.NewRelay(e.outbox, e.pub, dedupe.RelayConfig{DisableListen: true})
+	relay, err := outbox.NewRelay(e.outbox, e.pub, outbox.RelayConfig{DisableListen: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ids := e.enqueue(t,
-		dedupe.Message{Topic: "orders.created", Key: "a", Payload: []byte("a")},
-		dedupe.Message{Topic: "orders.created", Key: "big", Payload: make([]byte, 2<<20)},
-		dedupe.Message{Topic: "orders.created", Key: "b", Payload: []byte("b")})
+		outbox.Message{Topic: "orders.created", Key: "a", Payload: []byte("a")},
+		outbox.Message{Topic: "orders.created", Key: "big", Payload: make([]byte, 2<<20)},
+		outbox.Message{Topic: "orders.created", Key: "b", Payload: []byte("b")})
 	if n, err := relay.Cycle(ctx); n != 2 {
 		t.Fatalf("cycle published %d (err %v), want 2", n, err)
 	}

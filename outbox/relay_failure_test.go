@@ -1,4 +1,4 @@
-package dedupe_test
+package outbox_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // errNoStream is what a broker answers for a subject no stream captures:
@@ -25,22 +25,22 @@ func TestRelayLoneFailingMessageCountsItsAttemptsAndParks(t *testing.T) {
 	b := setupOutbox(t)
 	ctx := context.Background()
 	rec := newRecorder()
-	rec.setFail(func(m *dedupe.OutboxMessage) error {
+	rec.setFail(func(m *outbox.StoredMessage) error {
 		if m.Topic == "nowhere" {
 			return errNoStream
 		}
 		return nil
 	})
 	var parked atomic.Int32
-	relay := b.relay(t, rec, dedupe.RelayConfig{MaxAttempts: 3, MinBackoff: time.Second, MaxBackoff: 4 * time.Second,
-		Observer: relayHooks{Failed: func(_ *dedupe.OutboxMessage, _ error, p bool) {
+	relay := b.relay(t, rec, outbox.RelayConfig{MaxAttempts: 3, MinBackoff: time.Second, MaxBackoff: 4 * time.Second,
+		Observer: relayHooks{Failed: func(_ *outbox.StoredMessage, _ error, p bool) {
 			if p {
 				parked.Add(1)
 			}
 		}}})
 	ids := b.enqueue(t,
-		dedupe.Message{Topic: "nowhere", Key: "a", Payload: []byte("bad")},
-		dedupe.Message{Topic: "nowhere", Key: "a", Payload: []byte("a2")})
+		outbox.Message{Topic: "nowhere", Key: "a", Payload: []byte("bad")},
+		outbox.Message{Topic: "nowhere", Key: "a", Payload: []byte("a2")})
 	attempts := func() int {
 		return b.db.Count(t, "SELECT attempts FROM dedupe_outbox WHERE message_id = $1", ids[0])
 	}
@@ -53,7 +53,7 @@ func TestRelayLoneFailingMessageCountsItsAttemptsAndParks(t *testing.T) {
 			t.Fatalf("attempt %d: attempts = %d", attempt, got)
 		}
 		// Another key flows while the bad message waits for its retry.
-		b.enqueue(t, dedupe.Message{Topic: "t", Key: "b", Payload: []byte(fmt.Sprint("b", attempt))})
+		b.enqueue(t, outbox.Message{Topic: "t", Key: "b", Payload: []byte(fmt.Sprint("b", attempt))})
 		if n := cycle(t, relay); n != 1 {
 			t.Fatalf("attempt %d: other key published %d, want 1", attempt, n)
 		}
@@ -81,20 +81,20 @@ func TestRelayLoneFailingMessageCountsItsAttemptsAndParks(t *testing.T) {
 func TestRelayLoneFailureDoesNotPauseTheRelay(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
-	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{})
+	b.outbox, _ = outbox.New(b.db.Pool, outbox.Config{})
 	rec := newRecorder()
-	rec.setFail(func(m *dedupe.OutboxMessage) error {
+	rec.setFail(func(m *outbox.StoredMessage) error {
 		if m.Topic == "nowhere" {
 			return errNoStream
 		}
 		return nil
 	})
 	failed := make(chan bool, 16)
-	relay := b.relay(t, rec, dedupe.RelayConfig{MaxAttempts: 1, MinBackoff: 10 * time.Second, MaxBackoff: 10 * time.Second,
+	relay := b.relay(t, rec, outbox.RelayConfig{MaxAttempts: 1, MinBackoff: 10 * time.Second, MaxBackoff: 10 * time.Second,
 		PollInterval: 50 * time.Millisecond,
-		Observer:     relayHooks{Failed: func(_ *dedupe.OutboxMessage, _ error, parked bool) { failed <- parked }}})
+		Observer:     relayHooks{Failed: func(_ *outbox.StoredMessage, _ error, parked bool) { failed <- parked }}})
 	runRelay(t, relay)
-	b.enqueue(t, dedupe.Message{Topic: "nowhere", Key: "a"})
+	b.enqueue(t, outbox.Message{Topic: "nowhere", Key: "a"})
 	select {
 	case <-failed:
 	case <-time.After(10 * time.Second):
@@ -103,7 +103,7 @@ func TestRelayLoneFailureDoesNotPauseTheRelay(t *testing.T) {
 	// Published within 6s: 60× the usual latency (slack for a loaded
 	// machine), and still inside the 8–12s pause of a relay that took the
 	// failure for an outage.
-	b.enqueue(t, dedupe.Message{Topic: "t", Key: "b", Payload: []byte("good")})
+	b.enqueue(t, outbox.Message{Topic: "t", Key: "b", Payload: []byte("good")})
 	waitFor(t, 6*time.Second, "the other key's message", func() bool {
 		got, _, _ := rec.snapshot()
 		return len(got) == 1
@@ -133,14 +133,14 @@ func TestRelayHealthCheckDecidesWhenNothingWasPublished(t *testing.T) {
 	ctx := context.Background()
 	rec := newRecorder()
 	var brokerDown atomic.Bool
-	rec.setFail(func(m *dedupe.OutboxMessage) error {
+	rec.setFail(func(m *outbox.StoredMessage) error {
 		if brokerDown.Load() || m.Topic == "nowhere" {
 			return errNoStream
 		}
 		return nil
 	})
 	var hc healthCheck
-	relay := b.relay(t, rec, dedupe.RelayConfig{MaxAttempts: 2, HealthCheck: hc.check})
+	relay := b.relay(t, rec, outbox.RelayConfig{MaxAttempts: 2, HealthCheck: hc.check})
 	attempts := func() int {
 		return b.db.Count(t, "SELECT coalesce(sum(attempts), 0) FROM dedupe_outbox WHERE published_at IS NULL")
 	}
@@ -148,9 +148,9 @@ func TestRelayHealthCheckDecidesWhenNothingWasPublished(t *testing.T) {
 	// Outage, one key: not counted.
 	brokerDown.Store(true)
 	hc.down.Store(true)
-	b.enqueue(t, dedupe.Message{Topic: "t", Key: "a"})
+	b.enqueue(t, outbox.Message{Topic: "t", Key: "a"})
 	for range 3 {
-		if _, err := relay.Cycle(ctx); !errors.Is(err, dedupe.ErrPublishFailed) {
+		if _, err := relay.Cycle(ctx); !errors.Is(err, outbox.ErrPublishFailed) {
 			t.Fatalf("cycle in an outage = %v, want ErrPublishFailed", err)
 		}
 	}
@@ -164,7 +164,7 @@ func TestRelayHealthCheckDecidesWhenNothingWasPublished(t *testing.T) {
 	}
 
 	// Broker up, two bad keys: each counts, and both are parked.
-	b.enqueue(t, dedupe.Message{Topic: "nowhere", Key: "x"}, dedupe.Message{Topic: "nowhere", Key: "y"})
+	b.enqueue(t, outbox.Message{Topic: "nowhere", Key: "x"}, outbox.Message{Topic: "nowhere", Key: "y"})
 	for range 2 {
 		if n := cycle(t, relay); n != 0 {
 			t.Fatal(n)
@@ -192,17 +192,17 @@ func TestRelayUsesThePublishersHealthCheck(t *testing.T) {
 	b := setupOutbox(t)
 	ctx := context.Background()
 	pub := &checkingPublisher{recorder: newRecorder()}
-	pub.setFail(func(*dedupe.OutboxMessage) error { return errNoStream })
+	pub.setFail(func(*outbox.StoredMessage) error { return errNoStream })
 	pub.down.Store(true)
-	checked := b.relay(t, pub, dedupe.RelayConfig{MaxAttempts: 1})
-	b.enqueue(t, dedupe.Message{Topic: "t", Key: "a"})
-	if _, err := checked.Cycle(ctx); !errors.Is(err, dedupe.ErrPublishFailed) {
+	checked := b.relay(t, pub, outbox.RelayConfig{MaxAttempts: 1})
+	b.enqueue(t, outbox.Message{Topic: "t", Key: "a"})
+	if _, err := checked.Cycle(ctx); !errors.Is(err, outbox.ErrPublishFailed) {
 		t.Fatalf("lone failure with the broker's check down = %v, want an outage", err)
 	}
 	// Without a check, two keys failing together are an outage...
-	plain := b.relay(t, pub.recorder, dedupe.RelayConfig{MaxAttempts: 1})
-	b.enqueue(t, dedupe.Message{Topic: "t", Key: "b"})
-	if _, err := plain.Cycle(ctx); !errors.Is(err, dedupe.ErrPublishFailed) {
+	plain := b.relay(t, pub.recorder, outbox.RelayConfig{MaxAttempts: 1})
+	b.enqueue(t, outbox.Message{Topic: "t", Key: "b"})
+	if _, err := plain.Cycle(ctx); !errors.Is(err, outbox.ErrPublishFailed) {
 		t.Fatalf("two keys failing = %v, want an outage", err)
 	}
 	if n := b.db.Count(t, "SELECT count(*) FROM dedupe_outbox WHERE attempts > 0"); n != 0 {
@@ -210,7 +210,7 @@ func TestRelayUsesThePublishersHealthCheck(t *testing.T) {
 	}
 	// ... and so are two unkeyed messages.
 	b.db.Exec(t, "UPDATE dedupe_outbox SET key = ''")
-	if _, err := plain.Cycle(ctx); !errors.Is(err, dedupe.ErrPublishFailed) {
+	if _, err := plain.Cycle(ctx); !errors.Is(err, outbox.ErrPublishFailed) {
 		t.Fatalf("two unkeyed failing = %v, want an outage", err)
 	}
 }

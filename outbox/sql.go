@@ -1,6 +1,9 @@
-package dedupe
+package outbox
 
-import "strings"
+import (
+	"strings"
+	"time"
+)
 
 // All SQL of the outbox and its relay lives here. {{outbox}} is replaced by
 // the quoted, optionally schema-qualified outbox table.
@@ -8,7 +11,7 @@ import "strings"
 // Time. Every time a statement stores or compares is the database's
 // clock_timestamp() when the statement runs (now() would be the start of the
 // transaction), never the application's clock: the parameter named "now" is
-// NULL unless OutboxConfig.Clock was set, a test seam that substitutes for the
+// NULL unless Config.Clock was set, a test seam that substitutes for the
 // database's clock. Durations travel as seconds (float8).
 //
 // Per-key order. Rows are ordered by id, and the relay publishes the rows of
@@ -32,7 +35,7 @@ import "strings"
 // the pending rows (published_at IS NULL) when the broker confirmed it or an
 // operator discarded it (discarded_at is set too).
 
-// sqlNow is the statement's "now": the parameter when set (OutboxConfig.Clock, a
+// sqlNow is the statement's "now": the parameter when set (Config.Clock, a
 // test seam), else the database's clock when the statement runs.
 func sqlNow(param string) string {
 	return "coalesce(" + param + "::timestamptz, clock_timestamp())"
@@ -227,3 +230,18 @@ func newOutboxQueries(table string) outboxQueries {
 		discard:            r.Replace(sqlOutboxDiscard),
 	}
 }
+
+// The outbox and its relay take every time they store or compare from the
+// database (clock_timestamp() when the statement runs; see the top of this file).
+// Config.Clock is only a test seam that substitutes for the database's clock
+// when the caller set it.
+
+// dbNow is the "now" parameter of the outbox's statements: nil (SQL then
+// takes the database's clock) unless the caller set Config.Clock.
+func (o *Outbox) dbNow() *time.Time { return o.cfg.now() }
+
+// seconds passes a duration to SQL as seconds.
+func seconds(d time.Duration) float64 { return d.Seconds() }
+
+// fromSeconds reads a duration SQL computed in seconds.
+func fromSeconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

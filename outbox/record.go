@@ -1,9 +1,10 @@
-package dedupe
+package outbox
 
 import (
 	"context"
 	"time"
 
+	"github.com/exactlyonce/dedupe"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -14,14 +15,14 @@ import (
 
 // recorded is what record wrote, for report once it committed.
 type recorded struct {
-	confirmed []*OutboxMessage
+	confirmed []*StoredMessage
 	lags      map[int64]time.Duration // by Seq, when an Observer is set
 	failures  []failure
 	parked    []bool // per failure
 }
 
 // record writes the outcome of the batch in tx.
-func (r *Relay) record(ctx context.Context, tx Querier, confirmed []*OutboxMessage, failures []failure) (recorded, error) {
+func (r *Relay) record(ctx context.Context, tx dedupe.Querier, confirmed []*StoredMessage, failures []failure) (recorded, error) {
 	rec := recorded{confirmed: confirmed, failures: failures, parked: make([]bool, len(failures))}
 	now := r.ob.dbNow()
 	if len(confirmed) > 0 {
@@ -44,7 +45,7 @@ func (r *Relay) record(ctx context.Context, tx Querier, confirmed []*OutboxMessa
 	for i, f := range failures {
 		ids[i], errs[i] = f.msg.Seq, f.err.Error()
 		delays[i] = seconds(r.backoff(f.msg.Attempt))
-		rec.parked[i] = IsPermanent(f.err) || (r.cfg.MaxAttempts > 0 && f.msg.Attempt >= r.cfg.MaxAttempts)
+		rec.parked[i] = dedupe.IsPermanent(f.err) || (r.cfg.MaxAttempts > 0 && f.msg.Attempt >= r.cfg.MaxAttempts)
 	}
 	if _, err := tx.Exec(ctx, r.ob.q.recordFailures, ids, errs, delays, rec.parked, now); err != nil {
 		return rec, translate(err)
@@ -54,7 +55,7 @@ func (r *Relay) record(ctx context.Context, tx Querier, confirmed []*OutboxMessa
 
 // markPublished marks (or deletes) the confirmed rows, reading their lags
 // from the database when an Observer wants them.
-func (r *Relay) markPublished(ctx context.Context, tx Querier, ids []int64, now *time.Time, rec *recorded) error {
+func (r *Relay) markPublished(ctx context.Context, tx dedupe.Querier, ids []int64, now *time.Time, rec *recorded) error {
 	if r.cfg.Observer == nil {
 		q, args := r.ob.q.markPublished, []any{ids, now}
 		if r.cfg.DeletePublished {
@@ -105,7 +106,7 @@ func (r *Relay) report(ctx context.Context, rec recorded, obs publishObs) {
 type publishObs map[int64]func(PublishDone)
 
 // startPublish tells the Observer the batch's publishes start.
-func (r *Relay) startPublish(ctx context.Context, batch []*OutboxMessage) publishObs {
+func (r *Relay) startPublish(ctx context.Context, batch []*StoredMessage) publishObs {
 	if r.cfg.Observer == nil {
 		return nil
 	}
@@ -117,7 +118,7 @@ func (r *Relay) startPublish(ctx context.Context, batch []*OutboxMessage) publis
 }
 
 // done ends m's publish for the Observer.
-func (o publishObs) done(m *OutboxMessage, d PublishDone) {
+func (o publishObs) done(m *StoredMessage, d PublishDone) {
 	if f := o[m.Seq]; f != nil {
 		f(d)
 		delete(o, m.Seq)
@@ -126,7 +127,7 @@ func (o publishObs) done(m *OutboxMessage, d PublishDone) {
 
 // fail ends every publish not ended yet with err: the batch's outcome did not
 // commit, so each message is published again later.
-func (o publishObs) fail(batch []*OutboxMessage, err error) {
+func (o publishObs) fail(batch []*StoredMessage, err error) {
 	for _, m := range batch {
 		o.done(m, PublishDone{Err: err})
 	}

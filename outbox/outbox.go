@@ -1,4 +1,4 @@
-package dedupe
+package outbox
 
 import (
 	"context"
@@ -13,15 +13,17 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/internal/corelink"
 	"github.com/exactlyonce/dedupe/internal/uuid"
 )
 
-// DefaultOutboxTable is the default of OutboxConfig.Table.
-const DefaultOutboxTable = "dedupe_outbox"
+// DefaultTable is the default of Config.Table.
+const DefaultTable = dedupe.DefaultOutboxTable
 
-// OutboxConfig configures an Outbox. The zero value is usable: every field
+// Config configures an Outbox. The zero value is usable: every field
 // has a default.
-type OutboxConfig struct {
+type Config struct {
 	// Schema holds the outbox table. Defaults to "" (the connection's
 	// search_path).
 	Schema string
@@ -30,7 +32,7 @@ type OutboxConfig struct {
 	// CleanupBatchSize bounds the published rows deleted per statement by a
 	// relay's retention cleanup. Defaults to 1000.
 	CleanupBatchSize int
-	// Clock is a test seam, as Config.Clock: when set, its time stands in
+	// Clock is a test seam, as dedupe.Config.Clock: when set, its time stands in
 	// for the database's clock in every enqueue, retry, parking and
 	// retention decision. Defaults to nil (the database's clock).
 	Clock func() time.Time
@@ -43,34 +45,53 @@ type OutboxConfig struct {
 }
 
 // withDefaults returns a copy of c with every zero field defaulted, or a
-// *ConfigError.
-func (c OutboxConfig) withDefaults() (OutboxConfig, error) {
+// *dedupe.ConfigError.
+func (c Config) withDefaults() (Config, error) {
 	if c.Table == "" {
-		c.Table = DefaultOutboxTable
+		c.Table = DefaultTable
 	}
 	if c.CleanupBatchSize == 0 {
-		c.CleanupBatchSize = DefaultPurgeBatchSize
+		c.CleanupBatchSize = dedupe.DefaultPurgeBatchSize
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	switch {
 	case len(c.Table) > 48:
-		return c, &ConfigError{Field: "Table", Reason: "must be at most 48 bytes (PostgreSQL truncates longer names)"}
+		return c, &dedupe.ConfigError{Field: "Table", Reason: "must be at most 48 bytes (PostgreSQL truncates longer names)"}
 	case c.CleanupBatchSize < 0:
-		return c, &ConfigError{Field: "CleanupBatchSize", Reason: "must be positive"}
+		return c, &dedupe.ConfigError{Field: "CleanupBatchSize", Reason: "must be positive"}
 	}
 	return c, nil
 }
 
 // Migration returns the migration configuration of the outbox's table: its
 // schema and table, the outbox line only.
-func (c OutboxConfig) Migration() MigrateConfig {
-	return MigrateConfig{Schema: c.Schema, OutboxTable: c.Table, Lines: []Line{LineOutbox}}
+func (c Config) Migration() dedupe.MigrateConfig {
+	return dedupe.MigrateConfig{Schema: c.Schema, OutboxTable: c.Table, Lines: []dedupe.Line{dedupe.LineOutbox}}
 }
 
-// now is the $1 of every statement that decides by time (see clockParam).
-func (c *OutboxConfig) now() *time.Time { return clockParam(c.Clock) }
+// now is the "now" parameter of every statement that decides by time: nil
+// (SQL then takes the database's clock) unless Clock is set.
+func (c *Config) now() *time.Time {
+	if c.Clock == nil {
+		return nil
+	}
+	t := c.Clock()
+	return &t
+}
+
+// translate maps a database error to the root's sentinel errors
+// (ErrNotMigrated ...), as the inbox does.
+func translate(err error) error { return corelink.Translate(err) }
+
+// qualify quotes the table name, qualified by schema when it is set.
+func qualify(schema, name string) string {
+	if schema == "" {
+		return pgx.Identifier{name}.Sanitize()
+	}
+	return pgx.Identifier{schema, name}.Sanitize()
+}
 
 // Message is one message to publish through the transactional outbox.
 type Message struct {
@@ -95,9 +116,9 @@ type Message struct {
 	Payload []byte
 }
 
-// OutboxMessage is a message read back from the outbox: what a Publisher is
+// StoredMessage is a message read back from the outbox: what a Publisher is
 // given, and what operators see of a parked message.
-type OutboxMessage struct {
+type StoredMessage struct {
 	Message
 	// Seq is the row's position in the outbox; per key it is commit order.
 	Seq int64
@@ -116,26 +137,26 @@ type OutboxMessage struct {
 // Outbox writes messages into the outbox table in the caller's transaction,
 // for a Relay to publish after commit. It is safe for concurrent use.
 type Outbox struct {
-	db       DB
-	drv      driver
-	cfg      OutboxConfig
+	db       dedupe.DB
+	drv      corelink.Driver
+	cfg      Config
 	table    string
 	q        outboxQueries
 	lockSeed int64
 	quiet    bool
 }
 
-// NewOutbox returns the outbox of cfg (the zero OutboxConfig for the
-// defaults): the table OutboxConfig.Table in OutboxConfig.Schema, created by
+// New returns the outbox of cfg (the zero Config for the
+// defaults): the table Config.Table in Config.Schema, created by
 // Migrate. db is used by the relay and the operator methods; Enqueue writes
 // through the transaction it is given.
 //
 // Every time the outbox and its relays store or compare (enqueue and retry
 // times, backoff, parking, retention, lag) is the database's clock when the
-// statement runs, never the application's. OutboxConfig.Clock, when set,
+// statement runs, never the application's. Config.Clock, when set,
 // replaces the database's clock: a seam for tests.
-func NewOutbox(db DB, cfg OutboxConfig) (*Outbox, error) {
-	drv, err := newDriver(db)
+func New(db dedupe.DB, cfg Config) (*Outbox, error) {
+	drv, err := corelink.NewDriver(db)
 	if err != nil {
 		return nil, err
 	}
@@ -150,7 +171,7 @@ func NewOutbox(db DB, cfg OutboxConfig) (*Outbox, error) {
 }
 
 // Config returns the outbox's configuration with defaults filled in.
-func (o *Outbox) Config() OutboxConfig { return o.cfg }
+func (o *Outbox) Config() Config { return o.cfg }
 
 // WithoutNotify returns a copy of the outbox whose Enqueue sends no NOTIFY,
 // so relays find its messages by polling only (RelayConfig.PollInterval).
@@ -171,9 +192,9 @@ func (o *Outbox) WithoutNotify() *Outbox {
 // Messages of one Topic and Key are published in commit order: a second
 // transaction enqueueing the same key waits for the first one to end, so keep
 // such transactions short.
-func (o *Outbox) Enqueue(ctx context.Context, tx Querier, msg Message) (string, error) {
+func (o *Outbox) Enqueue(ctx context.Context, tx dedupe.Querier, msg Message) (string, error) {
 	if tx == nil {
-		return "", &ConfigError{Field: "tx", Reason: "must not be nil"}
+		return "", &dedupe.ConfigError{Field: "tx", Reason: "must not be nil"}
 	}
 	if msg.ID == "" {
 		msg.ID = uuid.New()
@@ -221,8 +242,8 @@ func (m *Message) validate() error {
 		if v == "" && !required {
 			return nil
 		}
-		var ke *KeyError
-		if err := validatePart(field, v); errors.As(err, &ke) {
+		var ke *dedupe.KeyError
+		if err := corelink.ValidatePart(field, v); errors.As(err, &ke) {
 			return &MessageError{Field: field, Reason: strings.TrimPrefix(ke.Reason.Error(), "dedupe: ")}
 		}
 		return nil
@@ -230,8 +251,8 @@ func (m *Message) validate() error {
 	return errors.Join(check("ID", m.ID, true), check("Topic", m.Topic, true), check("Key", m.Key, false))
 }
 
-// OutboxStats is the state of the outbox's unpublished rows.
-type OutboxStats struct {
+// Stats is the state of the outbox's unpublished rows.
+type Stats struct {
 	Pending int64 // waiting to be published (including retries)
 	Parked  int64 // given up on until an operator unparks or discards them
 	// OldestPending is the age of the oldest pending message on the
@@ -240,9 +261,9 @@ type OutboxStats struct {
 }
 
 // Stats counts the outbox's unpublished rows.
-func (o *Outbox) Stats(ctx context.Context) (OutboxStats, error) {
+func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 	var (
-		s      OutboxStats
+		s      Stats
 		oldest *float64
 	)
 	if err := o.db.QueryRow(ctx, o.q.stats, o.dbNow()).Scan(&s.Pending, &s.Parked, &oldest); err != nil {
@@ -255,7 +276,7 @@ func (o *Outbox) Stats(ctx context.Context) (OutboxStats, error) {
 }
 
 // scanOutboxMessage reads the columns of outboxColumns.
-func scanOutboxMessage(row pgx.CollectableRow) (*OutboxMessage, error) {
+func scanOutboxMessage(row pgx.CollectableRow) (*StoredMessage, error) {
 	var r outboxRow
 	if err := row.Scan(r.fields()...); err != nil {
 		return nil, err
@@ -280,11 +301,11 @@ func (r *outboxRow) fields() []any {
 }
 
 // message returns the row's message, or nil for a row of NULLs.
-func (r *outboxRow) message() (*OutboxMessage, error) {
+func (r *outboxRow) message() (*StoredMessage, error) {
 	if r.seq == nil {
 		return nil, nil
 	}
-	m := &OutboxMessage{Message: Message{ID: *r.id, Topic: *r.topic, Key: *r.key, Payload: r.payload},
+	m := &StoredMessage{Message: Message{ID: *r.id, Topic: *r.topic, Key: *r.key, Payload: r.payload},
 		Seq: *r.seq, Attempt: *r.attempts, nextAt: *r.nextAt, CreatedAt: *r.create}
 	if r.parked != nil {
 		m.ParkedAt = *r.parked

@@ -1,4 +1,4 @@
-package dedupe_test
+package outbox_test
 
 import (
 	"context"
@@ -15,11 +15,12 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // runRelay runs r until the test ends (or stop is called) and fails the test
 // if Run returns an error.
-func runRelay(t *testing.T, r *dedupe.Relay) (stop func()) {
+func runRelay(t *testing.T, r *outbox.Relay) (stop func()) {
 	t.Helper()
 	return dbtest.Background(t, "relay", r.Run)
 }
@@ -37,10 +38,10 @@ func TestRelayTwoRelaysOrderedExactlyOnce(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
 	ctx := context.Background()
-	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{}) // real clock: Run polls in real time
+	b.outbox, _ = outbox.New(b.db.Pool, outbox.Config{}) // real clock: Run polls in real time
 	rec := newRecorder()
 	rec.delay = time.Millisecond
-	cfg := dedupe.RelayConfig{BatchSize: 7, PollInterval: 20 * time.Millisecond}
+	cfg := outbox.RelayConfig{BatchSize: 7, PollInterval: 20 * time.Millisecond}
 	runRelay(t, b.relay(t, rec, cfg))
 	runRelay(t, b.relay(t, rec, cfg))
 
@@ -57,7 +58,7 @@ func TestRelayTwoRelaysOrderedExactlyOnce(t *testing.T) {
 			key := fmt.Sprint("k", k)
 			err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
 				// Enqueue, then take the place in the key's commit order.
-				id, err := b.outbox.Enqueue(ctx, tx, dedupe.Message{Topic: "t", Key: key})
+				id, err := b.outbox.Enqueue(ctx, tx, outbox.Message{Topic: "t", Key: key})
 				if err != nil {
 					return err
 				}
@@ -75,7 +76,7 @@ func TestRelayTwoRelaysOrderedExactlyOnce(t *testing.T) {
 			seq[k].Add(1)
 			if i%3 == 0 {
 				// A few unkeyed messages in between.
-				b.enqueue(t, dedupe.Message{Topic: "t", Payload: []byte("-")})
+				b.enqueue(t, outbox.Message{Topic: "t", Payload: []byte("-")})
 			}
 		}
 	})
@@ -129,24 +130,24 @@ func TestRelayRetriesThenParksAndHoldsTheKey(t *testing.T) {
 	ctx := context.Background()
 	rec := newRecorder()
 	poison := errors.New("schema registry says no")
-	rec.setFail(func(m *dedupe.OutboxMessage) error {
+	rec.setFail(func(m *outbox.StoredMessage) error {
 		if string(m.Payload) == "bad" {
 			return poison
 		}
 		return nil
 	})
 	var failed, parkedHook atomic.Int32
-	relay := b.relay(t, rec, dedupe.RelayConfig{MaxAttempts: 3, MinBackoff: time.Second, MaxBackoff: 4 * time.Second,
-		Observer: relayHooks{Failed: func(_ *dedupe.OutboxMessage, err error, parked bool) {
+	relay := b.relay(t, rec, outbox.RelayConfig{MaxAttempts: 3, MinBackoff: time.Second, MaxBackoff: 4 * time.Second,
+		Observer: relayHooks{Failed: func(_ *outbox.StoredMessage, err error, parked bool) {
 			failed.Add(1)
 			if parked {
 				parkedHook.Add(1)
 			}
 		}}})
 	ids := b.enqueue(t,
-		dedupe.Message{Topic: "t", Key: "a", Payload: []byte("bad")},
-		dedupe.Message{Topic: "t", Key: "a", Payload: []byte("a2")},
-		dedupe.Message{Topic: "t", Key: "b", Payload: []byte("b1")})
+		outbox.Message{Topic: "t", Key: "a", Payload: []byte("bad")},
+		outbox.Message{Topic: "t", Key: "a", Payload: []byte("a2")},
+		outbox.Message{Topic: "t", Key: "b", Payload: []byte("b1")})
 	if n := cycle(t, relay); n != 1 {
 		t.Fatalf("cycle 1 published %d, want only b1", n)
 	}
@@ -156,7 +157,7 @@ func TestRelayRetriesThenParksAndHoldsTheKey(t *testing.T) {
 	}
 	for attempt := 2; attempt <= 3; attempt++ {
 		b.clock.Advance(5 * time.Second)
-		b.enqueue(t, dedupe.Message{Topic: "t", Key: "b", Payload: []byte(fmt.Sprint("b", attempt))})
+		b.enqueue(t, outbox.Message{Topic: "t", Key: "b", Payload: []byte(fmt.Sprint("b", attempt))})
 		if n := cycle(t, relay); n != 1 {
 			t.Fatalf("attempt %d: published %d, want the new b", attempt, n)
 		}
@@ -206,9 +207,9 @@ func TestRelayPermanentErrorParksAtOnce(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
 	rec := newRecorder()
-	rec.setFail(func(*dedupe.OutboxMessage) error { return dedupe.Permanent(errors.New("no such topic")) })
-	relay := b.relay(t, rec, dedupe.RelayConfig{})
-	b.enqueue(t, dedupe.Message{Topic: "nowhere"})
+	rec.setFail(func(*outbox.StoredMessage) error { return dedupe.Permanent(errors.New("no such topic")) })
+	relay := b.relay(t, rec, outbox.RelayConfig{})
+	b.enqueue(t, outbox.Message{Topic: "nowhere"})
 	if n := cycle(t, relay); n != 0 {
 		t.Fatal(n)
 	}
@@ -223,30 +224,30 @@ func TestRelayPermanentErrorParksAtOnce(t *testing.T) {
 func TestRelayBrokerDownMessagesWait(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
-	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{})
+	b.outbox, _ = outbox.New(b.db.Pool, outbox.Config{})
 	rec := newRecorder()
 	var down atomic.Bool
 	down.Store(true)
 	var tries atomic.Int32
-	rec.setFail(func(*dedupe.OutboxMessage) error {
+	rec.setFail(func(*outbox.StoredMessage) error {
 		tries.Add(1)
 		if down.Load() {
 			return errors.New("connection refused")
 		}
 		return nil
 	})
-	relay := b.relay(t, rec, dedupe.RelayConfig{MaxAttempts: 2, MinBackoff: 20 * time.Millisecond,
+	relay := b.relay(t, rec, outbox.RelayConfig{MaxAttempts: 2, MinBackoff: 20 * time.Millisecond,
 		MaxBackoff: 50 * time.Millisecond, PollInterval: 20 * time.Millisecond})
 	if _, err := relay.Cycle(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	const n = 30
 	for i := range n {
-		b.enqueue(t, dedupe.Message{Topic: "t", Key: fmt.Sprint("k", i%3)})
+		b.enqueue(t, outbox.Message{Topic: "t", Key: fmt.Sprint("k", i%3)})
 	}
 	_, err := relay.Cycle(context.Background())
-	var pe *dedupe.PublishError
-	if !errors.Is(err, dedupe.ErrPublishFailed) || !errors.As(err, &pe) || pe.Failed != 3 {
+	var pe *outbox.PublishError
+	if !errors.Is(err, outbox.ErrPublishFailed) || !errors.As(err, &pe) || pe.Failed != 3 {
 		t.Fatalf("cycle while down: %v", err)
 	}
 	runRelay(t, relay)
@@ -271,7 +272,7 @@ func TestRelayBrokerDownMessagesWait(t *testing.T) {
 func TestRelayListenNotifyWakesAndSurvivesKilledConnection(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
-	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{})
+	b.outbox, _ = outbox.New(b.db.Pool, outbox.Config{})
 	rec := newRecorder()
 	pcfg, err := pgxpool.ParseConfig(b.db.URL)
 	if err != nil {
@@ -279,7 +280,7 @@ func TestRelayListenNotifyWakesAndSurvivesKilledConnection(t *testing.T) {
 	}
 	cc := pcfg.ConnConfig
 	cc.RuntimeParams["application_name"] = "relay-listen-" + b.db.Schema
-	relay := b.relay(t, rec, dedupe.RelayConfig{PollInterval: time.Minute, MinBackoff: 20 * time.Millisecond,
+	relay := b.relay(t, rec, outbox.RelayConfig{PollInterval: time.Minute, MinBackoff: 20 * time.Millisecond,
 		ListenConn: func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, cc.Copy()) }})
 	runRelay(t, relay)
 	waitFor(t, 5*time.Second, "LISTEN connection", func() bool {
@@ -288,7 +289,7 @@ func TestRelayListenNotifyWakesAndSurvivesKilledConnection(t *testing.T) {
 	published := func(n int) func() bool {
 		return func() bool { got, _, _ := rec.snapshot(); return len(got) >= n }
 	}
-	b.enqueue(t, dedupe.Message{Topic: "t", Payload: []byte("1")})
+	b.enqueue(t, outbox.Message{Topic: "t", Payload: []byte("1")})
 	waitFor(t, 5*time.Second, "notified publish", published(1))
 
 	for _, pid := range b.db.BackendPIDs(t, cc.RuntimeParams["application_name"]) {
@@ -298,7 +299,7 @@ func TestRelayListenNotifyWakesAndSurvivesKilledConnection(t *testing.T) {
 	waitFor(t, 5*time.Second, "LISTEN reconnect", func() bool {
 		return len(b.db.BackendPIDs(t, cc.RuntimeParams["application_name"])) == 1
 	})
-	b.enqueue(t, dedupe.Message{Topic: "t", Payload: []byte("2")})
+	b.enqueue(t, outbox.Message{Topic: "t", Payload: []byte("2")})
 	waitFor(t, 5*time.Second, "notified publish after reconnect", published(2))
 }
 
@@ -308,9 +309,9 @@ func TestRelayListenNotifyWakesAndSurvivesKilledConnection(t *testing.T) {
 func TestRelayPollingFallbackAndHooks(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
-	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{})
+	b.outbox, _ = outbox.New(b.db.Pool, outbox.Config{})
 	rec := newRecorder()
-	rec.setFail(func(m *dedupe.OutboxMessage) error {
+	rec.setFail(func(m *outbox.StoredMessage) error {
 		if string(m.Payload) == "fail" {
 			return errors.New("refused")
 		}
@@ -318,17 +319,17 @@ func TestRelayPollingFallbackAndHooks(t *testing.T) {
 	})
 	var (
 		mu       sync.Mutex
-		queued   []dedupe.OutboxStats
+		queued   []outbox.Stats
 		lags     []time.Duration
 		failures int
 	)
 	hooks := relayHooks{
-		Queued:    func(s dedupe.OutboxStats) { mu.Lock(); queued = append(queued, s); mu.Unlock() },
-		Published: func(_ *dedupe.OutboxMessage, lag time.Duration) { mu.Lock(); lags = append(lags, lag); mu.Unlock() },
-		Failed:    func(*dedupe.OutboxMessage, error, bool) { mu.Lock(); failures++; mu.Unlock() },
+		Queued:    func(s outbox.Stats) { mu.Lock(); queued = append(queued, s); mu.Unlock() },
+		Published: func(_ *outbox.StoredMessage, lag time.Duration) { mu.Lock(); lags = append(lags, lag); mu.Unlock() },
+		Failed:    func(*outbox.StoredMessage, error, bool) { mu.Lock(); failures++; mu.Unlock() },
 	}
-	b.enqueue(t, dedupe.Message{Topic: "t"}, dedupe.Message{Topic: "t"}, dedupe.Message{Topic: "t", Payload: []byte("fail")})
-	runRelay(t, b.relay(t, rec, dedupe.RelayConfig{DisableListen: true, PollInterval: 30 * time.Millisecond,
+	b.enqueue(t, outbox.Message{Topic: "t"}, outbox.Message{Topic: "t"}, outbox.Message{Topic: "t", Payload: []byte("fail")})
+	runRelay(t, b.relay(t, rec, outbox.RelayConfig{DisableListen: true, PollInterval: 30 * time.Millisecond,
 		StatsInterval: 10 * time.Millisecond, MinBackoff: time.Hour, MaxBackoff: time.Hour, Observer: hooks}))
 	waitFor(t, 5*time.Second, "polled publish and stats", func() bool {
 		mu.Lock()
@@ -358,7 +359,7 @@ func TestRelayKilledAfterPublishBeforeMark(t *testing.T) {
 	b := setupOutbox(t)
 	app := "relay-kill-" + b.db.Schema
 	pool := b.db.AppPool(t, app, 2)
-	ob, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{Clock: b.clock.Now})
+	ob, err := outbox.New(pool, outbox.Config{Clock: b.clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,11 +373,11 @@ func TestRelayKilledAfterPublishBeforeMark(t *testing.T) {
 			}
 		}
 	}
-	relay, err := dedupe.NewRelay(ob, rec, dedupe.RelayConfig{DisableListen: true})
+	relay, err := outbox.NewRelay(ob, rec, outbox.RelayConfig{DisableListen: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := b.enqueue(t, dedupe.Message{Topic: "t", Key: "k"}, dedupe.Message{Topic: "t"})
+	ids := b.enqueue(t, outbox.Message{Topic: "t", Key: "k"}, outbox.Message{Topic: "t"})
 	if _, err := relay.Cycle(context.Background()); err == nil {
 		t.Fatal("cycle survived its connection being killed")
 	}
@@ -412,16 +413,16 @@ func TestRelayKilledAfterPublishBeforeMark(t *testing.T) {
 func TestRelayGracefulShutdownFinishesTheBatch(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
-	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{})
+	b.outbox, _ = outbox.New(b.db.Pool, outbox.Config{})
 	rec := newRecorder()
 	entered, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	rec.setFail(func(*dedupe.OutboxMessage) error {
+	rec.setFail(func(*outbox.StoredMessage) error {
 		once.Do(func() { close(entered); <-release })
 		return nil
 	})
-	stop := runRelay(t, b.relay(t, rec, dedupe.RelayConfig{PollInterval: 20 * time.Millisecond}))
-	b.enqueue(t, dedupe.Message{Topic: "t"})
+	stop := runRelay(t, b.relay(t, rec, outbox.RelayConfig{PollInterval: 20 * time.Millisecond}))
+	b.enqueue(t, outbox.Message{Topic: "t"})
 	select {
 	case <-entered:
 	case <-time.After(5 * time.Second):
@@ -440,10 +441,10 @@ func TestRelayCleanupKeepsRetention(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
 	rec := newRecorder()
-	relay := b.relay(t, rec, dedupe.RelayConfig{Retention: time.Hour})
-	b.enqueue(t, dedupe.Message{Topic: "t"}, dedupe.Message{Topic: "t"})
+	relay := b.relay(t, rec, outbox.RelayConfig{Retention: time.Hour})
+	b.enqueue(t, outbox.Message{Topic: "t"}, outbox.Message{Topic: "t"})
 	cycle(t, relay)
-	b.enqueue(t, dedupe.Message{Topic: "t"}) // pending: never cleaned
+	b.enqueue(t, outbox.Message{Topic: "t"}) // pending: never cleaned
 	b.clock.Advance(59 * time.Minute)
 	if n, err := relay.Cleanup(context.Background()); err != nil || n != 0 {
 		t.Fatalf("early cleanup = %d, %v", n, err)
@@ -455,7 +456,7 @@ func TestRelayCleanupKeepsRetention(t *testing.T) {
 	if n := b.db.Count(t, "SELECT count(*) FROM dedupe_outbox"); n != 1 {
 		t.Fatalf("rows left = %d", n)
 	}
-	del := b.relay(t, rec, dedupe.RelayConfig{DeletePublished: true})
+	del := b.relay(t, rec, outbox.RelayConfig{DeletePublished: true})
 	if n := cycle(t, del); n != 1 {
 		t.Fatal(n)
 	}
@@ -472,7 +473,7 @@ func TestRelayCleanupKeepsRetention(t *testing.T) {
 func TestRelayWithoutNotifyWaitsForThePoll(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
-	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{})
+	b.outbox, _ = outbox.New(b.db.Pool, outbox.Config{})
 	quiet := b.outbox.WithoutNotify()
 	ctx := context.Background()
 	conn, err := pgx.ConnectConfig(ctx, b.db.Pool.Config().ConnConfig.Copy())
@@ -488,12 +489,12 @@ func TestRelayWithoutNotifyWaitsForThePoll(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-		_, err := quiet.Enqueue(ctx, tx, dedupe.Message{Topic: "t", Payload: []byte("quiet")})
+		_, err := quiet.Enqueue(ctx, tx, outbox.Message{Topic: "t", Payload: []byte("quiet")})
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	b.enqueue(t, dedupe.Message{Topic: "t", Payload: []byte("loud")})
+	b.enqueue(t, outbox.Message{Topic: "t", Payload: []byte("loud")})
 	b.db.Exec(t, `SELECT pg_notify($1, 'sentinel')`, channel)
 	notified := 0
 	for {
@@ -512,7 +513,7 @@ func TestRelayWithoutNotifyWaitsForThePoll(t *testing.T) {
 		t.Fatalf("%d notifications for one loud and one quiet enqueue, want 1", notified)
 	}
 	rec := newRecorder()
-	runRelay(t, b.relay(t, rec, dedupe.RelayConfig{PollInterval: time.Minute}))
+	runRelay(t, b.relay(t, rec, outbox.RelayConfig{PollInterval: time.Minute}))
 	waitFor(t, 5*time.Second, "both published", func() bool { got, _, _ := rec.snapshot(); return len(got) == 2 })
 }
 
@@ -524,19 +525,19 @@ func TestRelayScanWindowMovesPastBlockedRows(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
 	rec := newRecorder()
-	rec.setFail(func(m *dedupe.OutboxMessage) error {
+	rec.setFail(func(m *outbox.StoredMessage) error {
 		if string(m.Payload) == "poison" {
 			return dedupe.Permanent(errors.New("never"))
 		}
 		return nil
 	})
-	relay := b.relay(t, rec, dedupe.RelayConfig{BatchSize: 2, ScanWindow: 3})
-	msgs := []dedupe.Message{{Topic: "t", Key: "p", Payload: []byte("poison")}}
+	relay := b.relay(t, rec, outbox.RelayConfig{BatchSize: 2, ScanWindow: 3})
+	msgs := []outbox.Message{{Topic: "t", Key: "p", Payload: []byte("poison")}}
 	for i := range 7 {
-		msgs = append(msgs, dedupe.Message{Topic: "t", Key: "p", Payload: []byte(fmt.Sprint("p", i))})
+		msgs = append(msgs, outbox.Message{Topic: "t", Key: "p", Payload: []byte(fmt.Sprint("p", i))})
 	}
 	for i := range 3 {
-		msgs = append(msgs, dedupe.Message{Topic: "t", Key: fmt.Sprint("q", i), Payload: []byte(fmt.Sprint("q", i))})
+		msgs = append(msgs, outbox.Message{Topic: "t", Key: fmt.Sprint("q", i), Payload: []byte(fmt.Sprint("q", i))})
 	}
 	b.enqueue(t, msgs...)
 	for range 12 {
@@ -576,16 +577,16 @@ func TestRelayStartsOnAKilledConnection(t *testing.T) {
 	for _, pid := range b.db.BackendPIDs(t, app) {
 		b.db.Terminate(t, pid)
 	}
-	ob, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{})
+	ob, err := outbox.New(pool, outbox.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := newRecorder()
-	relay, err := dedupe.NewRelay(ob, rec, dedupe.RelayConfig{PollInterval: 20 * time.Millisecond, MinBackoff: 10 * time.Millisecond})
+	relay, err := outbox.NewRelay(ob, rec, outbox.RelayConfig{PollInterval: 20 * time.Millisecond, MinBackoff: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := b.enqueue(t, dedupe.Message{Topic: "t", Payload: []byte("x")})
+	ids := b.enqueue(t, outbox.Message{Topic: "t", Payload: []byte("x")})
 	runRelay(t, relay)
 	waitFor(t, 10*time.Second, "the publish after the killed connection", func() bool {
 		got, _, _ := rec.snapshot()
@@ -602,11 +603,11 @@ func TestRelayRunWithoutOutboxTableIsNotMigrated(t *testing.T) {
 	if err := dedupe.Migrate(context.Background(), db.Pool, dedupe.MigrateConfig{Lines: []dedupe.Line{dedupe.LineInbox}}); err != nil {
 		t.Fatal(err)
 	}
-	ob, err := dedupe.NewOutbox(db.Pool, dedupe.OutboxConfig{})
+	ob, err := outbox.New(db.Pool, outbox.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	relay, err := dedupe.NewRelay(ob, newRecorder(), dedupe.RelayConfig{})
+	relay, err := outbox.NewRelay(ob, newRecorder(), outbox.RelayConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package dedupe_test
+package outbox_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // recorder is an in-memory broker for the transport-neutral relay tests: it
@@ -20,11 +21,11 @@ import (
 // order, and flags a key that has two messages in flight at once.
 type recorder struct {
 	mu         sync.Mutex
-	got        []*dedupe.OutboxMessage
+	got        []*outbox.StoredMessage
 	sends      map[string]int // message ID → times published
 	inFlight   map[string]int // topic/key → messages being published
 	violations []string
-	fail       func(m *dedupe.OutboxMessage) error // nil: confirm
+	fail       func(m *outbox.StoredMessage) error // nil: confirm
 	delay      time.Duration
 	after      func() // runs after each confirmed batch (fault injection)
 }
@@ -33,7 +34,7 @@ func newRecorder() *recorder {
 	return &recorder{sends: map[string]int{}, inFlight: map[string]int{}}
 }
 
-func (r *recorder) Publish(ctx context.Context, msgs []*dedupe.OutboxMessage) []error {
+func (r *recorder) Publish(ctx context.Context, msgs []*outbox.StoredMessage) []error {
 	errs := make([]error, len(msgs))
 	var wg sync.WaitGroup
 	for i, m := range msgs {
@@ -74,44 +75,44 @@ func (r *recorder) Publish(ctx context.Context, msgs []*dedupe.OutboxMessage) []
 	return errs
 }
 
-func (r *recorder) setFail(f func(m *dedupe.OutboxMessage) error) {
+func (r *recorder) setFail(f func(m *outbox.StoredMessage) error) {
 	r.mu.Lock()
 	r.fail = f
 	r.mu.Unlock()
 }
 
-func (r *recorder) snapshot() (got []*dedupe.OutboxMessage, sends map[string]int, violations []string) {
+func (r *recorder) snapshot() (got []*outbox.StoredMessage, sends map[string]int, violations []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	sends = map[string]int{}
 	for k, v := range r.sends {
 		sends[k] = v
 	}
-	return append([]*dedupe.OutboxMessage(nil), r.got...), sends, append([]string(nil), r.violations...)
+	return append([]*outbox.StoredMessage(nil), r.got...), sends, append([]string(nil), r.violations...)
 }
 
 // outboxBundle is the setup of the outbox tests.
 type outboxBundle struct {
 	*bundle
-	outbox *dedupe.Outbox
+	outbox *outbox.Outbox
 }
 
 func setupOutbox(t *testing.T) *outboxBundle {
 	t.Helper()
 	b := setup(t)
-	ob, err := dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{Clock: b.clock.Now, Logger: testLogger(t)})
+	ob, err := outbox.New(b.db.Pool, outbox.Config{Clock: b.clock.Now, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return &outboxBundle{bundle: b, outbox: ob}
 }
 
-func (b *outboxBundle) relay(t *testing.T, pub dedupe.Publisher, cfg dedupe.RelayConfig) *dedupe.Relay {
+func (b *outboxBundle) relay(t *testing.T, pub outbox.Publisher, cfg outbox.RelayConfig) *outbox.Relay {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger(t)
 	}
-	r, err := dedupe.NewRelay(b.outbox, pub, cfg)
+	r, err := outbox.NewRelay(b.outbox, pub, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +120,7 @@ func (b *outboxBundle) relay(t *testing.T, pub dedupe.Publisher, cfg dedupe.Rela
 }
 
 // enqueue commits one transaction with msgs.
-func (b *outboxBundle) enqueue(t *testing.T, msgs ...dedupe.Message) []string {
+func (b *outboxBundle) enqueue(t *testing.T, msgs ...outbox.Message) []string {
 	t.Helper()
 	var ids []string
 	err := pgx.BeginFunc(context.Background(), b.db.Pool, func(tx pgx.Tx) error {
@@ -151,7 +152,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func cycle(t *testing.T, r *dedupe.Relay) int {
+func cycle(t *testing.T, r *outbox.Relay) int {
 	t.Helper()
 	n, err := r.Cycle(context.Background())
 	if err != nil {
@@ -165,13 +166,13 @@ func TestOutboxRolledBackPublishesNothingCommittedOnce(t *testing.T) {
 	b := setupOutbox(t)
 	ctx := context.Background()
 	rec := newRecorder()
-	relay := b.relay(t, rec, dedupe.RelayConfig{})
+	relay := b.relay(t, rec, outbox.RelayConfig{})
 
 	tx, err := b.db.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.outbox.Enqueue(ctx, tx, dedupe.Message{Topic: "orders", Payload: []byte("rolled back")}); err != nil {
+	if _, err := b.outbox.Enqueue(ctx, tx, outbox.Message{Topic: "orders", Payload: []byte("rolled back")}); err != nil {
 		t.Fatal(err)
 	}
 	// Not visible while the transaction is open, gone after rollback.
@@ -184,14 +185,14 @@ func TestOutboxRolledBackPublishesNothingCommittedOnce(t *testing.T) {
 	}
 
 	ids := b.enqueue(t,
-		dedupe.Message{Topic: "orders", Key: "o1", Headers: map[string][]string{"A": {"1", "2"}}, Payload: []byte("one")},
-		dedupe.Message{Topic: "orders", Payload: []byte("two")},
-		dedupe.Message{ID: "fixed-id", Topic: "orders", Payload: []byte("three")})
+		outbox.Message{Topic: "orders", Key: "o1", Headers: map[string][]string{"A": {"1", "2"}}, Payload: []byte("one")},
+		outbox.Message{Topic: "orders", Payload: []byte("two")},
+		outbox.Message{ID: "fixed-id", Topic: "orders", Payload: []byte("three")})
 	if ids[2] != "fixed-id" || len(ids[0]) != 36 || ids[0] == ids[1] {
 		t.Fatalf("ids = %q", ids)
 	}
 	// The same explicit ID again writes nothing.
-	b.enqueue(t, dedupe.Message{ID: "fixed-id", Topic: "orders", Payload: []byte("three again")})
+	b.enqueue(t, outbox.Message{ID: "fixed-id", Topic: "orders", Payload: []byte("three again")})
 
 	if n := cycle(t, relay); n != 3 {
 		t.Fatalf("first cycle published %d, want 3", n)
@@ -205,7 +206,7 @@ func TestOutboxRolledBackPublishesNothingCommittedOnce(t *testing.T) {
 			t.Fatalf("message %s published %d times", id, sends[id])
 		}
 	}
-	var first *dedupe.OutboxMessage
+	var first *outbox.StoredMessage
 	for _, m := range got {
 		if m.ID == ids[0] {
 			first = m
@@ -224,7 +225,7 @@ func TestOutboxEnqueueRefusesBadMessages(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
 	ctx := context.Background()
-	for name, m := range map[string]dedupe.Message{
+	for name, m := range map[string]outbox.Message{
 		"no topic":     {Payload: []byte("x")},
 		"long key":     {Topic: "t", Key: strings.Repeat("k", 256)},
 		"control char": {Topic: "t\n"},
@@ -236,15 +237,15 @@ func TestOutboxEnqueueRefusesBadMessages(t *testing.T) {
 		}
 		_, err = b.outbox.Enqueue(ctx, tx, m)
 		_ = tx.Rollback(ctx)
-		var me *dedupe.MessageError
-		if !errors.Is(err, dedupe.ErrInvalidMessage) || !errors.As(err, &me) {
+		var me *outbox.MessageError
+		if !errors.Is(err, outbox.ErrInvalidMessage) || !errors.As(err, &me) {
 			t.Fatalf("%s: err = %v", name, err)
 		}
 	}
-	if _, err := dedupe.NewRelay(b.outbox, nil, dedupe.RelayConfig{}); !errors.Is(err, dedupe.ErrInvalidConfig) {
+	if _, err := outbox.NewRelay(b.outbox, nil, outbox.RelayConfig{}); !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Fatalf("nil publisher: %v", err)
 	}
-	if _, err := dedupe.NewRelay(b.outbox, newRecorder(), dedupe.RelayConfig{MinBackoff: time.Minute, MaxBackoff: time.Second}); !errors.Is(err, dedupe.ErrInvalidConfig) {
+	if _, err := outbox.NewRelay(b.outbox, newRecorder(), outbox.RelayConfig{MinBackoff: time.Minute, MaxBackoff: time.Second}); !errors.Is(err, dedupe.ErrInvalidConfig) {
 		t.Fatalf("bad backoff: %v", err)
 	}
 }
@@ -265,7 +266,7 @@ func TestOutboxEnqueueKeepsCommitOrderPerKey(t *testing.T) {
 	together(keys*perKey, func(i int) {
 		key := fmt.Sprint("k", i%keys)
 		errs[i] = pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-			id, err := b.outbox.Enqueue(ctx, tx, dedupe.Message{Topic: "t", Key: key})
+			id, err := b.outbox.Enqueue(ctx, tx, outbox.Message{Topic: "t", Key: key})
 			if err != nil {
 				return err
 			}

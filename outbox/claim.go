@@ -1,4 +1,4 @@
-package dedupe
+package outbox
 
 import (
 	"cmp"
@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/exactlyonce/dedupe"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -25,7 +26,7 @@ const maxClaimStatements = 8
 //
 // The walk's first statement was sent with BEGIN (queueFirstWindow); what
 // it found is first.
-func (r *Relay) claim(ctx context.Context, tx Querier, first *firstWindow) (batch []*OutboxMessage, more bool, err error) {
+func (r *Relay) claim(ctx context.Context, tx dedupe.Querier, first *firstWindow) (batch []*StoredMessage, more bool, err error) {
 	now, cursor := first.now, first.cursor
 	wrapped := cursor == 0 // a walk from the oldest needs no wrap
 	defer func() { r.cursor.Store(cursor) }()
@@ -70,12 +71,12 @@ func (r *Relay) claim(ctx context.Context, tx Querier, first *firstWindow) (batc
 	return nil, true, nil
 }
 
-// claimed is what one claim statement found.
-type claimed struct {
+// windowFound is what one claim statement found in its window.
+type windowFound struct {
 	lo     *int64 // the first pending id after the cursor, nil for none
 	beyond bool   // rows exist past the window (maybe published)
 	heads  int
-	batch  []*OutboxMessage // in id order
+	batch  []*StoredMessage // in id order
 }
 
 // firstWindow is the walk's first claim statement, queued behind BEGIN so
@@ -85,7 +86,7 @@ type claimed struct {
 type firstWindow struct {
 	now    *time.Time
 	cursor int64
-	found  claimed
+	found  windowFound
 }
 
 // queueFirstWindow queues in b the claim statement of the walk's first
@@ -100,16 +101,16 @@ func (r *Relay) queueFirstWindow(b *pgx.Batch) *firstWindow {
 }
 
 // claimWindow runs sqlOutboxClaim once.
-func (r *Relay) claimWindow(ctx context.Context, tx Querier, now *time.Time, cursor int64) (claimed, error) {
+func (r *Relay) claimWindow(ctx context.Context, tx dedupe.Querier, now *time.Time, cursor int64) (windowFound, error) {
 	rows, err := tx.Query(ctx, r.ob.q.claim, now, cursor, r.cfg.ScanWindow, r.cfg.BatchSize)
 	if err != nil {
-		return claimed{}, translate(err)
+		return windowFound{}, translate(err)
 	}
 	return scanWindow(rows)
 }
 
 // scanWindow reads what one claim statement found, and closes rows.
-func scanWindow(rows pgx.Rows) (c claimed, err error) {
+func scanWindow(rows pgx.Rows) (c windowFound, err error) {
 	defer rows.Close()
 	var (
 		row  outboxRow
@@ -136,6 +137,6 @@ func scanWindow(rows pgx.Rows) (c claimed, err error) {
 	if err := rows.Err(); err != nil {
 		return c, translate(err)
 	}
-	slices.SortFunc(c.batch, func(a, b *OutboxMessage) int { return cmp.Compare(a.Seq, b.Seq) })
+	slices.SortFunc(c.batch, func(a, b *StoredMessage) int { return cmp.Compare(a.Seq, b.Seq) })
 	return c, nil
 }

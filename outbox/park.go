@@ -1,4 +1,4 @@
-package dedupe
+package outbox
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/exactlyonce/dedupe"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -17,7 +18,7 @@ import (
 
 // Parked lists up to limit parked messages, oldest first, with the error that
 // parked them.
-func (o *Outbox) Parked(ctx context.Context, limit int) ([]*OutboxMessage, error) {
+func (o *Outbox) Parked(ctx context.Context, limit int) ([]*StoredMessage, error) {
 	if limit <= 0 {
 		limit = 100
 	}
@@ -30,7 +31,7 @@ func (o *Outbox) Parked(ctx context.Context, limit int) ([]*OutboxMessage, error
 }
 
 // Unpark hands a parked message back to the relay with fresh attempts, after
-// an operator fixed the cause. It returns ErrNotFound when no parked message
+// an operator fixed the cause. It returns dedupe.ErrNotFound when no parked message
 // has that ID.
 func (o *Outbox) Unpark(ctx context.Context, id string) error {
 	tag, err := o.db.Exec(ctx, o.q.unpark, id, o.dbNow())
@@ -38,7 +39,7 @@ func (o *Outbox) Unpark(ctx context.Context, id string) error {
 		return translate(err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: no parked outbox message %q", ErrNotFound, id)
+		return fmt.Errorf("%w: no parked outbox message %q", dedupe.ErrNotFound, id)
 	}
 	return nil
 }
@@ -46,7 +47,7 @@ func (o *Outbox) Unpark(ctx context.Context, id string) error {
 // DiscardedMessage is a message an operator discarded, with the record kept
 // in its row.
 type DiscardedMessage struct {
-	OutboxMessage
+	StoredMessage
 	// DiscardedAt is when it was discarded, on the database's clock.
 	DiscardedAt time.Time
 	// DiscardedBy and DiscardReason are who discarded it and why, as given
@@ -62,14 +63,14 @@ type DiscardedMessage struct {
 // rows and is deleted after the relay's Retention, like a published one; its
 // ID stays known to Enqueue until then.
 //
-// It returns ErrNotFound when no parked message has that ID (it was never
+// It returns dedupe.ErrNotFound when no parked message has that ID (it was never
 // parked, was unparked, published or discarded already).
 func (o *Outbox) Discard(ctx context.Context, id, by, reason string) (*DiscardedMessage, error) {
 	switch {
 	case by == "":
-		return nil, &ConfigError{Field: "by", Reason: "must name who discards the message"}
+		return nil, &dedupe.ConfigError{Field: "by", Reason: "must name who discards the message"}
 	case reason == "":
-		return nil, &ConfigError{Field: "reason", Reason: "must say why the message is discarded"}
+		return nil, &dedupe.ConfigError{Field: "reason", Reason: "must say why the message is discarded"}
 	}
 	var (
 		r  outboxRow
@@ -77,7 +78,7 @@ func (o *Outbox) Discard(ctx context.Context, id, by, reason string) (*Discarded
 	)
 	err := o.db.QueryRow(ctx, o.q.discard, id, by, reason, o.dbNow()).Scan(append(r.fields(), &at)...)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("%w: no parked outbox message %q", ErrNotFound, id)
+		return nil, fmt.Errorf("%w: no parked outbox message %q", dedupe.ErrNotFound, id)
 	}
 	if err != nil {
 		return nil, translate(err)
@@ -91,5 +92,5 @@ func (o *Outbox) Discard(ctx context.Context, id, by, reason string) (*Discarded
 	if obs := o.cfg.Observer; obs != nil {
 		obs.Discarded(ctx, m, by, reason)
 	}
-	return &DiscardedMessage{OutboxMessage: *m, DiscardedAt: at, DiscardedBy: by, DiscardReason: reason}, nil
+	return &DiscardedMessage{StoredMessage: *m, DiscardedAt: at, DiscardedBy: by, DiscardReason: reason}, nil
 }

@@ -1,4 +1,4 @@
-package dedupe_test
+package outbox_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // An order and its "order placed" event commit together: the event is
@@ -23,7 +24,7 @@ func ExampleOutbox_Enqueue() {
 		panic(err)
 	}
 	_, _ = pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY)`)
-	outbox, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{})
+	ob, err := outbox.New(pool, outbox.Config{})
 	if err != nil {
 		panic(err)
 	}
@@ -32,7 +33,7 @@ func ExampleOutbox_Enqueue() {
 		if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ('o-1')`); err != nil {
 			return err
 		}
-		_, err := outbox.Enqueue(ctx, tx, dedupe.Message{ID: "order-placed-o-1", Topic: "orders.placed", Key: "o-1",
+		_, err := ob.Enqueue(ctx, tx, outbox.Message{ID: "order-placed-o-1", Topic: "orders.placed", Key: "o-1",
 			Payload: []byte(`{"order":"o-1"}`)})
 		return err
 	})
@@ -40,11 +41,11 @@ func ExampleOutbox_Enqueue() {
 		panic(err)
 	}
 
-	printer := dedupe.PublishFunc(func(ctx context.Context, m *dedupe.OutboxMessage) error {
+	printer := outbox.PublishFunc(func(ctx context.Context, m *outbox.StoredMessage) error {
 		fmt.Printf("publish %s to %s: %s\n", m.ID, m.Topic, m.Payload)
 		return nil
 	})
-	relay, err := dedupe.NewRelay(outbox, printer, dedupe.RelayConfig{})
+	relay, err := outbox.NewRelay(ob, printer, outbox.RelayConfig{})
 	if err != nil {
 		panic(err)
 	}
@@ -67,19 +68,19 @@ func ExampleRelay_Run() {
 	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		panic(err)
 	}
-	outbox, _ := dedupe.NewOutbox(pool, dedupe.OutboxConfig{})
+	ob, _ := outbox.New(pool, outbox.Config{})
 	published := make(chan string)
-	pub := dedupe.PublishFunc(func(ctx context.Context, m *dedupe.OutboxMessage) error {
+	pub := outbox.PublishFunc(func(ctx context.Context, m *outbox.StoredMessage) error {
 		published <- string(m.Payload)
 		return nil
 	})
-	relay, _ := dedupe.NewRelay(outbox, pub, dedupe.RelayConfig{})
+	relay, _ := outbox.NewRelay(ob, pub, outbox.RelayConfig{})
 	done := make(chan error)
 	go func() { done <- relay.Run(ctx) }()
 
 	// Any transaction that commits wakes the relay through LISTEN/NOTIFY.
 	_ = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := outbox.Enqueue(ctx, tx, dedupe.Message{Topic: "greetings", Payload: []byte("hello")})
+		_, err := ob.Enqueue(ctx, tx, outbox.Message{Topic: "greetings", Payload: []byte("hello")})
 		return err
 	})
 	fmt.Println(<-published)
@@ -100,28 +101,28 @@ func ExampleOutbox_Discard() {
 	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		panic(err)
 	}
-	outbox, _ := dedupe.NewOutbox(pool, dedupe.OutboxConfig{Logger: slog.New(slog.DiscardHandler)})
+	ob, _ := outbox.New(pool, outbox.Config{Logger: slog.New(slog.DiscardHandler)})
 	_ = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		for _, p := range []string{"v1 schema", "second"} {
-			if _, err := outbox.Enqueue(ctx, tx, dedupe.Message{ID: p, Topic: "orders", Key: "o-1", Payload: []byte(p)}); err != nil {
+			if _, err := ob.Enqueue(ctx, tx, outbox.Message{ID: p, Topic: "orders", Key: "o-1", Payload: []byte(p)}); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
-	pub := dedupe.PublishFunc(func(ctx context.Context, m *dedupe.OutboxMessage) error {
+	pub := outbox.PublishFunc(func(ctx context.Context, m *outbox.StoredMessage) error {
 		if string(m.Payload) == "v1 schema" {
 			return dedupe.Permanent(errors.New("schema v1 is gone"))
 		}
 		fmt.Println("published", m.ID)
 		return nil
 	})
-	relay, _ := dedupe.NewRelay(outbox, pub, dedupe.RelayConfig{Logger: slog.New(slog.DiscardHandler)})
+	relay, _ := outbox.NewRelay(ob, pub, outbox.RelayConfig{Logger: slog.New(slog.DiscardHandler)})
 	_, _ = relay.Cycle(ctx) // parks "v1 schema"; "second" waits behind it
 
-	parked, _ := outbox.Parked(ctx, 10)
+	parked, _ := ob.Parked(ctx, 10)
 	fmt.Println("parked:", parked[0].ID, "-", parked[0].LastError)
-	d, err := outbox.Discard(ctx, parked[0].ID, "alice", "INC-7: replaced by a v2 event")
+	d, err := ob.Discard(ctx, parked[0].ID, "alice", "INC-7: replaced by a v2 event")
 	fmt.Println("discarded:", d.ID, "by", d.DiscardedBy, err)
 	_, _ = relay.Cycle(ctx)
 	// Output:

@@ -1,4 +1,4 @@
-package dedupe
+package outbox
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/exactlyonce/dedupe"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -47,7 +48,7 @@ type RelayConfig struct {
 	DisableListen bool
 	// ListenConn opens the dedicated connection the relay LISTENs on.
 	// Defaults to a new connection with the pool's settings when the
-	// outbox's DB is a *pgxpool.Pool, and to polling only otherwise: an
+	// outbox's dedupe.DB is a *pgxpool.Pool, and to polling only otherwise: an
 	// outbox over SQL (database/sql cannot LISTEN) polls every
 	// PollInterval, which NewRelay logs at Info. With database/sql over
 	// pgx's stdlib or lib/pq, ListenConn may open a pgx connection to the
@@ -85,8 +86,8 @@ type RelayConfig struct {
 	// the database's clock. Defaults to 24h.
 	Retention time.Duration
 	// CleanupInterval is how often the relay deletes published and
-	// discarded rows past Retention, in batches of the Config's
-	// PurgeBatchSize. Defaults to 1m.
+	// discarded rows past Retention, in batches of the outbox Config's
+	// CleanupBatchSize. Defaults to 1m.
 	CleanupInterval time.Duration
 	// StatsInterval is how often the Observer's OutboxQueued is called.
 	// Defaults to 15s.
@@ -136,11 +137,11 @@ func (c RelayConfig) withDefaults(o *Outbox, pub Publisher) (RelayConfig, error)
 		c.HealthCheck = hc.CheckHealth
 	}
 	if c.ListenConn == nil && !c.DisableListen {
-		if p := o.drv.listenPool(); p != nil {
+		if p := o.drv.ListenPool(); p != nil {
 			cc := p.Config().ConnConfig
 			c.ListenConn = func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, cc.Copy()) }
 		} else {
-			c.Logger.Info("dedupe: the relay polls for new messages every PollInterval: its outbox's DB cannot LISTEN "+
+			c.Logger.Info("dedupe: the relay polls for new messages every PollInterval: its outbox's dedupe.DB cannot LISTEN "+
 				"(a database/sql handle, or a single connection); set RelayConfig.ListenConn to be woken at once",
 				"poll_interval", c.PollInterval)
 		}
@@ -149,16 +150,16 @@ func (c RelayConfig) withDefaults(o *Outbox, pub Publisher) (RelayConfig, error)
 		"MinBackoff": c.MinBackoff, "MaxBackoff": c.MaxBackoff, "Retention": c.Retention,
 		"CleanupInterval": c.CleanupInterval, "StatsInterval": c.StatsInterval, "ShutdownTimeout": c.ShutdownTimeout} {
 		if d < 0 {
-			return c, &ConfigError{Field: name, Reason: "must be positive"}
+			return c, &dedupe.ConfigError{Field: name, Reason: "must be positive"}
 		}
 	}
 	switch {
 	case c.BatchSize < 0:
-		return c, &ConfigError{Field: "BatchSize", Reason: "must be positive"}
+		return c, &dedupe.ConfigError{Field: "BatchSize", Reason: "must be positive"}
 	case c.ScanWindow < c.BatchSize:
-		return c, &ConfigError{Field: "ScanWindow", Reason: "must be at least BatchSize"}
+		return c, &dedupe.ConfigError{Field: "ScanWindow", Reason: "must be at least BatchSize"}
 	case c.MaxBackoff < c.MinBackoff:
-		return c, &ConfigError{Field: "MaxBackoff", Reason: "must be at least MinBackoff"}
+		return c, &dedupe.ConfigError{Field: "MaxBackoff", Reason: "must be at least MinBackoff"}
 	}
 	return c, nil
 }
@@ -182,7 +183,7 @@ func (c RelayConfig) withDefaults(o *Outbox, pub Publisher) (RelayConfig, error)
 // no attempt is counted, and the relay pauses with backoff.
 //
 // Every time the relay decides on (retries, parking, retention, lag) is the
-// database's clock; see NewOutbox.
+// database's clock; see New.
 type Relay struct {
 	ob      *Outbox
 	pub     Publisher
@@ -195,9 +196,9 @@ type Relay struct {
 func NewRelay(ob *Outbox, pub Publisher, cfg RelayConfig) (*Relay, error) {
 	switch {
 	case ob == nil || ob.db == nil:
-		return nil, &ConfigError{Field: "outbox", Reason: "must not be nil (build it with NewOutbox)"}
+		return nil, &dedupe.ConfigError{Field: "outbox", Reason: "must not be nil (build it with New)"}
 	case pub == nil:
-		return nil, &ConfigError{Field: "publisher", Reason: "must not be nil"}
+		return nil, &dedupe.ConfigError{Field: "publisher", Reason: "must not be nil"}
 	}
 	c, err := cfg.withDefaults(ob, pub)
 	if err != nil {
@@ -215,7 +216,7 @@ func (r *Relay) Config() RelayConfig { return r.cfg }
 // while the broker is unreachable, and it deletes published rows past
 // Retention. On cancellation it lets the batch in flight finish (within
 // ShutdownTimeout) and returns nil. It returns an error only when the outbox table is missing
-// (ErrNotMigrated); every other failure, a lost connection included, is
+// (dedupe.ErrNotMigrated); every other failure, a lost connection included, is
 // retried with backoff.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
@@ -261,7 +262,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		var wait time.Duration
 		switch {
-		case errors.Is(err, ErrNotMigrated):
+		case errors.Is(err, dedupe.ErrNotMigrated):
 			return fmt.Errorf("dedupe: relay: %w", err)
 		case err != nil:
 			pause = r.nextPause(pause)
@@ -328,9 +329,9 @@ func (r *Relay) Cycle(ctx context.Context) (int, error) {
 }
 
 func (r *Relay) cycle(ctx context.Context) (res cycleResult, err error) {
-	b := r.ob.drv.newBatch(pgx.TxOptions{})
+	b := r.ob.drv.NewBatch(pgx.TxOptions{})
 	first := r.queueFirstWindow(b)
-	tx, err := r.ob.drv.begin(ctx, pgx.TxOptions{}, b)
+	tx, err := r.ob.drv.Begin(ctx, pgx.TxOptions{}, b)
 	if err != nil {
 		return res, translate(err)
 	}
@@ -365,4 +366,45 @@ func (r *Relay) cycle(ctx context.Context) (res cycleResult, err error) {
 		return res, &PublishError{Failed: len(outage), Err: outage[0].err}
 	}
 	return res, nil
+}
+
+// Two delays grow with failures: a failed message's retry (its own
+// attempts, scheduled in its row on the database's clock) and the relay's
+// pause in a broker outage (in Run). Both are the relay's dedupe.Backoff: doubling
+// from MinBackoff up to MaxBackoff, shortened at random by up to 20% so
+// that relays and messages do not retry in step.
+
+// relayJitter is the spread of the relay's delays.
+const relayJitter = 0.2
+
+// backoffPolicy is the relay's dedupe.Backoff.
+func (r *Relay) backoffPolicy() dedupe.Backoff {
+	return dedupe.Backoff{Min: r.cfg.MinBackoff, Max: r.cfg.MaxBackoff, Jitter: relayJitter}
+}
+
+// backoff is the jittered delay after a message's attempt-th failure.
+func (r *Relay) backoff(attempt int) time.Duration { return r.backoffPolicy().Delay(attempt) }
+
+// nextPause is the relay's pause after another failed cycle, given the last
+// (unjittered; jitter each wait with r.jitter).
+func (r *Relay) nextPause(pause time.Duration) time.Duration { return r.backoffPolicy().Next(pause) }
+
+// jitter spreads d as the relay's delays are spread.
+func (r *Relay) jitter(d time.Duration) time.Duration { return r.backoffPolicy().Jittered(d) }
+
+// Cleanup deletes published and discarded rows older than Retention on the
+// database's clock, in bounded batches, and returns how many it deleted. Run
+// calls it every CleanupInterval.
+func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
+	var total int64
+	for {
+		tag, err := r.ob.db.Exec(ctx, r.ob.q.cleanup, r.ob.dbNow(), seconds(r.cfg.Retention), r.ob.cfg.CleanupBatchSize)
+		if err != nil {
+			return total, translate(err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(r.ob.cfg.CleanupBatchSize) {
+			return total, nil
+		}
+	}
 }

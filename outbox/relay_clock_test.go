@@ -1,4 +1,4 @@
-package dedupe_test
+package outbox_test
 
 import (
 	"context"
@@ -8,9 +8,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/exactlyonce/dedupe/outbox"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/exactlyonce/dedupe"
 )
 
 // TestRelayDecisionsIgnoreASkewedApplicationClock runs a relay whose
@@ -33,10 +32,10 @@ func TestRelayDecisionsIgnoreASkewedApplicationClock(t *testing.T) {
 			t.Parallel()
 			b := setupOutbox(t)
 			ctx := context.Background()
-			writer, _ := dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{}) // a process with a good clock
+			writer, _ := outbox.New(b.db.Pool, outbox.Config{}) // a process with a good clock
 			b.outbox = writer
-			ids := b.enqueue(t, dedupe.Message{Topic: "t", Key: "a", Payload: []byte("retry")},
-				dedupe.Message{Topic: "t", Payload: []byte("first")})
+			ids := b.enqueue(t, outbox.Message{Topic: "t", Key: "a", Payload: []byte("retry")},
+				outbox.Message{Topic: "t", Payload: []byte("first")})
 			var skewedID string
 			synctest.Test(t, func(t *testing.T) {
 				if !appNow.IsZero() {
@@ -54,13 +53,13 @@ func TestRelayDecisionsIgnoreASkewedApplicationClock(t *testing.T) {
 					}
 					return n
 				}
-				ob, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{})
+				ob, err := outbox.New(pool, outbox.Config{})
 				if err != nil {
 					t.Fatal(err)
 				}
 				rec := newRecorder()
 				var failOnce sync.Once
-				rec.setFail(func(m *dedupe.OutboxMessage) (err error) {
+				rec.setFail(func(m *outbox.StoredMessage) (err error) {
 					if m.ID == ids[0] {
 						failOnce.Do(func() { err = errors.New("refused once") })
 					}
@@ -70,9 +69,9 @@ func TestRelayDecisionsIgnoreASkewedApplicationClock(t *testing.T) {
 					mu   sync.Mutex
 					lags []time.Duration
 				)
-				relay, err := dedupe.NewRelay(ob, rec, dedupe.RelayConfig{DisableListen: true, MinBackoff: retryAfter,
+				relay, err := outbox.NewRelay(ob, rec, outbox.RelayConfig{DisableListen: true, MinBackoff: retryAfter,
 					MaxBackoff: retryAfter, Retention: time.Hour, Logger: testLogger(t),
-					Observer: relayHooks{Published: func(_ *dedupe.OutboxMessage, lag time.Duration) {
+					Observer: relayHooks{Published: func(_ *outbox.StoredMessage, lag time.Duration) {
 						mu.Lock()
 						lags = append(lags, lag)
 						mu.Unlock()
@@ -111,7 +110,7 @@ func TestRelayDecisionsIgnoreASkewedApplicationClock(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if skewedID, err = ob.Enqueue(ctx, tx, dedupe.Message{Topic: "t", Key: "z", Payload: []byte("from the skewed process")}); err != nil {
+				if skewedID, err = ob.Enqueue(ctx, tx, outbox.Message{Topic: "t", Key: "z", Payload: []byte("from the skewed process")}); err != nil {
 					t.Fatal(err)
 				}
 				if err := tx.Commit(ctx); err != nil {
@@ -127,7 +126,7 @@ func TestRelayDecisionsIgnoreASkewedApplicationClock(t *testing.T) {
 			})
 			// A relay on a good clock publishes what the skewed process
 			// enqueued, at once.
-			relay, err := dedupe.NewRelay(writer, newRecorder(), dedupe.RelayConfig{DisableListen: true, Logger: testLogger(t)})
+			relay, err := outbox.NewRelay(writer, newRecorder(), outbox.RelayConfig{DisableListen: true, Logger: testLogger(t)})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package dedupe_test
+package outbox_test
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // TestOutboxDiscardUnblocksTheKeyAndKeepsTheRecord: a parked message holds
@@ -17,17 +18,17 @@ func TestOutboxDiscardUnblocksTheKeyAndKeepsTheRecord(t *testing.T) {
 	b := setupOutbox(t)
 	ctx := context.Background()
 	rec := newRecorder()
-	rec.setFail(func(m *dedupe.OutboxMessage) error {
+	rec.setFail(func(m *outbox.StoredMessage) error {
 		if string(m.Payload) == "poison" {
 			return dedupe.Permanent(errors.New("schema registry says no"))
 		}
 		return nil
 	})
-	relay := b.relay(t, rec, dedupe.RelayConfig{})
+	relay := b.relay(t, rec, outbox.RelayConfig{})
 	ids := b.enqueue(t,
-		dedupe.Message{Topic: "t", Key: "a", Payload: []byte("poison")},
-		dedupe.Message{Topic: "t", Key: "a", Payload: []byte("a2")},
-		dedupe.Message{Topic: "t", Key: "a", Payload: []byte("a3")})
+		outbox.Message{Topic: "t", Key: "a", Payload: []byte("poison")},
+		outbox.Message{Topic: "t", Key: "a", Payload: []byte("a2")},
+		outbox.Message{Topic: "t", Key: "a", Payload: []byte("a3")})
 	if n := cycle(t, relay); n != 0 {
 		t.Fatalf("published %d past the poison", n)
 	}

@@ -1,8 +1,10 @@
-package dedupe
+package outbox
 
 import (
 	"context"
 	"fmt"
+
+	"github.com/exactlyonce/dedupe"
 )
 
 // A failed publish means one of two things: the message fails (a subject no
@@ -33,7 +35,7 @@ type HealthChecker interface {
 func (r *Relay) judge(ctx context.Context, confirmed int, failures []failure) (counted, outage []failure) {
 	var transient []failure
 	for _, f := range failures {
-		if IsPermanent(f.err) {
+		if dedupe.IsPermanent(f.err) {
 			counted = append(counted, f)
 		} else {
 			transient = append(transient, f)

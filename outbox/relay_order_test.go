@@ -1,4 +1,4 @@
-package dedupe_test
+package outbox_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // TestRelayManyRelaysKeepKeyOrderAroundAParkedHead runs five relays with
@@ -26,11 +27,11 @@ func TestRelayManyRelaysKeepKeyOrderAroundAParkedHead(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
 	ctx := context.Background()
-	b.outbox, _ = dedupe.NewOutbox(b.db.Pool, dedupe.OutboxConfig{Logger: testLogger(t)})
+	b.outbox, _ = outbox.New(b.db.Pool, outbox.Config{Logger: testLogger(t)})
 	rec := newRecorder()
 	rec.delay = time.Millisecond
 	var failedOnce sync.Map
-	rec.setFail(func(m *dedupe.OutboxMessage) error {
+	rec.setFail(func(m *outbox.StoredMessage) error {
 		switch n, _ := strconv.Atoi(string(m.Payload)); {
 		case m.Key == "p" && n == 1:
 			return dedupe.Permanent(errors.New("refused for good"))
@@ -41,7 +42,7 @@ func TestRelayManyRelaysKeepKeyOrderAroundAParkedHead(t *testing.T) {
 		}
 		return nil
 	})
-	cfg := dedupe.RelayConfig{BatchSize: 5, ScanWindow: 12, PollInterval: 20 * time.Millisecond,
+	cfg := outbox.RelayConfig{BatchSize: 5, ScanWindow: 12, PollInterval: 20 * time.Millisecond,
 		MinBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}
 	const relays = 5
 	for range relays {
@@ -55,7 +56,7 @@ func TestRelayManyRelaysKeepKeyOrderAroundAParkedHead(t *testing.T) {
 	}
 	// p's poison goes first, so that it heads its key.
 	b.db.Exec(t, `UPDATE seq SET n = 1 WHERE key = 'p'`)
-	b.enqueue(t, dedupe.Message{Topic: "t", Key: "p", Payload: []byte("1")})
+	b.enqueue(t, outbox.Message{Topic: "t", Key: "p", Payload: []byte("1")})
 
 	const writers, perWriter = 4, 40
 	var unkeyed atomic.Int64
@@ -64,7 +65,7 @@ func TestRelayManyRelaysKeepKeyOrderAroundAParkedHead(t *testing.T) {
 		for i := range perWriter {
 			key := keys[(w*7+i)%len(keys)]
 			err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-				id, err := b.outbox.Enqueue(ctx, tx, dedupe.Message{Topic: "t", Key: key})
+				id, err := b.outbox.Enqueue(ctx, tx, outbox.Message{Topic: "t", Key: key})
 				if err != nil {
 					return err
 				}
@@ -77,7 +78,7 @@ func TestRelayManyRelaysKeepKeyOrderAroundAParkedHead(t *testing.T) {
 			})
 			if err == nil && i%4 == 0 {
 				err = pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-					_, err := b.outbox.Enqueue(ctx, tx, dedupe.Message{Topic: "t", Payload: []byte("-")})
+					_, err := b.outbox.Enqueue(ctx, tx, outbox.Message{Topic: "t", Payload: []byte("-")})
 					return err
 				})
 				unkeyed.Add(1)
@@ -149,13 +150,13 @@ func TestRelayFollowersStopAtTheFirstGap(t *testing.T) {
 	t.Parallel()
 	b := setupOutbox(t)
 	rec := newRecorder()
-	relay := b.relay(t, rec, dedupe.RelayConfig{})
+	relay := b.relay(t, rec, outbox.RelayConfig{})
 	for _, gap := range []string{
 		"next_attempt_at = next_attempt_at + interval '1 hour'",
 		"parked_at = next_attempt_at",
 	} {
-		ids := b.enqueue(t, dedupe.Message{Topic: "t", Key: "a"}, dedupe.Message{Topic: "t", Key: "a"},
-			dedupe.Message{Topic: "t", Key: "a"}, dedupe.Message{Topic: "t", Key: "b"})
+		ids := b.enqueue(t, outbox.Message{Topic: "t", Key: "a"}, outbox.Message{Topic: "t", Key: "a"},
+			outbox.Message{Topic: "t", Key: "a"}, outbox.Message{Topic: "t", Key: "b"})
 		b.db.Exec(t, "UPDATE dedupe_outbox SET "+gap+" WHERE message_id = $1", ids[1])
 		if n := cycle(t, relay); n != 2 {
 			t.Fatalf("gap %q: published %d, want the head of a and b", gap, n)
@@ -178,20 +179,20 @@ func TestRelayCursorComesBackForEarlierRows(t *testing.T) {
 	rec := newRecorder()
 	var poison atomic.Bool
 	poison.Store(true)
-	rec.setFail(func(m *dedupe.OutboxMessage) error {
+	rec.setFail(func(m *outbox.StoredMessage) error {
 		if string(m.Payload) == "poison" && poison.Load() {
 			return dedupe.Permanent(errors.New("not yet"))
 		}
 		return nil
 	})
-	relay := b.relay(t, rec, dedupe.RelayConfig{BatchSize: 2, ScanWindow: 3})
-	msgs := []dedupe.Message{{Topic: "t", Key: "p", Payload: []byte("poison")}}
+	relay := b.relay(t, rec, outbox.RelayConfig{BatchSize: 2, ScanWindow: 3})
+	msgs := []outbox.Message{{Topic: "t", Key: "p", Payload: []byte("poison")}}
 	for i := range 6 {
-		msgs = append(msgs, dedupe.Message{Topic: "t", Key: "p", Payload: []byte(fmt.Sprint("p", i))})
+		msgs = append(msgs, outbox.Message{Topic: "t", Key: "p", Payload: []byte(fmt.Sprint("p", i))})
 	}
 	ids := b.enqueue(t, msgs...)
 	for i := range 4 {
-		b.enqueue(t, dedupe.Message{Topic: "t", Key: fmt.Sprint("r", i), Payload: []byte(fmt.Sprint("r", i))})
+		b.enqueue(t, outbox.Message{Topic: "t", Key: fmt.Sprint("r", i), Payload: []byte(fmt.Sprint("r", i))})
 		cycle(t, relay)
 	}
 	if n := b.db.Count(t, "SELECT count(*) FROM dedupe_outbox WHERE parked_at IS NOT NULL"); n != 1 {
@@ -202,7 +203,7 @@ func TestRelayCursorComesBackForEarlierRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 6 {
-		b.enqueue(t, dedupe.Message{Topic: "t", Key: fmt.Sprint("s", i), Payload: []byte(fmt.Sprint("s", i))})
+		b.enqueue(t, outbox.Message{Topic: "t", Key: fmt.Sprint("s", i), Payload: []byte(fmt.Sprint("s", i))})
 		cycle(t, relay)
 	}
 	if _, sends, _ := rec.snapshot(); sends[ids[0]] != 1 {

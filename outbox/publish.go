@@ -1,8 +1,10 @@
-package dedupe
+package outbox
 
 import (
 	"context"
 	"fmt"
+
+	"github.com/exactlyonce/dedupe"
 )
 
 // Publisher sends outbox messages to a broker. The JetStream and Kafka
@@ -13,14 +15,14 @@ type Publisher interface {
 	// message (nil for a confirmed one). msgs hold at most one message per
 	// (Topic, Key), so they may be sent concurrently. Wrap an error with
 	// Permanent when retrying that message cannot help: it is parked at once.
-	Publish(ctx context.Context, msgs []*OutboxMessage) []error
+	Publish(ctx context.Context, msgs []*StoredMessage) []error
 }
 
 // PublishFunc is a Publisher that sends one message at a time.
-type PublishFunc func(ctx context.Context, msg *OutboxMessage) error
+type PublishFunc func(ctx context.Context, msg *StoredMessage) error
 
 // Publish calls f for each message in turn.
-func (f PublishFunc) Publish(ctx context.Context, msgs []*OutboxMessage) []error {
+func (f PublishFunc) Publish(ctx context.Context, msgs []*StoredMessage) []error {
 	var errs []error
 	for i, m := range msgs {
 		if err := f(ctx, m); err != nil {
@@ -39,17 +41,17 @@ type orderKey struct{ topic, key string }
 
 // failure is one failed publish.
 type failure struct {
-	msg *OutboxMessage
+	msg *StoredMessage
 	err error
 }
 
 // publish sends the batch in waves: each wave holds the next message of every
 // key (and, in the first, all unkeyed ones), so a key never has two messages
 // in flight; a key whose message fails sends nothing more this cycle.
-func (r *Relay) publish(ctx context.Context, batch []*OutboxMessage) (confirmed []*OutboxMessage, failures []failure) {
-	queues := map[orderKey][]*OutboxMessage{}
+func (r *Relay) publish(ctx context.Context, batch []*StoredMessage) (confirmed []*StoredMessage, failures []failure) {
+	queues := map[orderKey][]*StoredMessage{}
 	var order []orderKey
-	var wave []*OutboxMessage
+	var wave []*StoredMessage
 	for _, m := range batch {
 		if m.Key == "" {
 			wave = append(wave, m)
@@ -91,10 +93,10 @@ func (r *Relay) publish(ctx context.Context, batch []*OutboxMessage) (confirmed 
 
 // safePublish calls the publisher, turning a panic or a malformed answer into
 // errors for every message.
-func (r *Relay) safePublish(ctx context.Context, wave []*OutboxMessage) (errs []error) {
+func (r *Relay) safePublish(ctx context.Context, wave []*StoredMessage) (errs []error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err := &PanicError{Value: v}
+			err := &dedupe.PanicError{Value: v}
 			errs = make([]error, len(wave))
 			for i := range errs {
 				errs[i] = err
