@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // OrderKeyHeader carries an outbox message's Key (its order key), when it
@@ -32,7 +33,7 @@ type OutboxPublisherConfig struct {
 }
 
 // OutboxPublisher publishes dedupe outbox messages to RabbitMQ for a
-// dedupe.Relay, on a channel in confirm mode, with the mandatory flag and
+// outbox.Relay, on a channel in confirm mode, with the mandatory flag and
 // persistent delivery. A message counts as published only once the broker
 // confirmed it; one it returned because no queue is bound to take it is a
 // failed publish (matching ErrUnroutable), retried by the relay and parked
@@ -77,8 +78,8 @@ func NewOutboxPublisher(url string, cfg OutboxPublisherConfig) (*OutboxPublisher
 }
 
 var (
-	_ dedupe.Publisher     = (*OutboxPublisher)(nil)
-	_ dedupe.HealthChecker = (*OutboxPublisher)(nil)
+	_ outbox.Publisher     = (*OutboxPublisher)(nil)
+	_ outbox.HealthChecker = (*OutboxPublisher)(nil)
 )
 
 // channel returns the publisher's confirm channel, dialing and opening it
@@ -111,8 +112,8 @@ func (p *OutboxPublisher) channel() (*confirmer, error) {
 }
 
 // Publish publishes msgs and waits until the broker confirmed, returned or
-// nacked each one, or ctx ends. It implements dedupe.Publisher.
-func (p *OutboxPublisher) Publish(ctx context.Context, msgs []*dedupe.OutboxMessage) []error {
+// nacked each one, or ctx ends. It implements outbox.Publisher.
+func (p *OutboxPublisher) Publish(ctx context.Context, msgs []*outbox.StoredMessage) []error {
 	errs := make([]error, len(msgs))
 	c, err := p.channel()
 	if err != nil {
@@ -164,7 +165,7 @@ func (p *OutboxPublisher) Publish(ctx context.Context, msgs []*dedupe.OutboxMess
 const healthTimeout = 5 * time.Second
 
 // CheckHealth returns nil when the publisher's connection is open, or it
-// can dial the broker. It implements dedupe.HealthChecker, which the relay
+// can dial the broker. It implements outbox.HealthChecker, which the relay
 // asks when a cycle published nothing: while it fails the failures are an
 // outage (no attempt counted, nothing parked). A broker that answers says
 // the failures are the messages' (unroutable, nacked).

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // Fields of an entry OutboxPublisher adds, besides one field per header of
@@ -29,7 +30,7 @@ type OutboxPublisherConfig struct {
 }
 
 // OutboxPublisher adds dedupe outbox messages to Redis streams (XADD) for a
-// dedupe.Relay. Each entry carries the outbox id in its "id" field
+// outbox.Relay. Each entry carries the outbox id in its "id" field
 // (DefaultKeyField), which a Runner with DefaultKey claims in its inbox, the
 // payload in PayloadField, the order key in OrderKeyField, and each header
 // of the message as a field of its own: the trace context the relay's
@@ -59,13 +60,13 @@ func NewOutboxPublisher(rdb redis.Cmdable, cfg OutboxPublisherConfig) (*OutboxPu
 	return &OutboxPublisher{rdb: rdb, cfg: c}, nil
 }
 
-var _ dedupe.HealthChecker = (*OutboxPublisher)(nil)
+var _ outbox.HealthChecker = (*OutboxPublisher)(nil)
 
 // healthTimeout bounds CheckHealth called with a context without deadline.
 const healthTimeout = 5 * time.Second
 
 // CheckHealth returns nil when Redis answers a PING within ctx. It
-// implements dedupe.HealthChecker, which the relay asks when a cycle
+// implements outbox.HealthChecker, which the relay asks when a cycle
 // published nothing: while it fails, the failures are an outage (no attempt
 // counted, nothing parked, the relay pauses).
 func (p *OutboxPublisher) CheckHealth(ctx context.Context) error {
@@ -81,11 +82,11 @@ func (p *OutboxPublisher) CheckHealth(ctx context.Context) error {
 }
 
 // Publish adds msgs to their streams in one pipeline and returns once Redis
-// answered each XADD (or ctx ended). It implements dedupe.Publisher. An
+// answered each XADD (or ctx ended). It implements outbox.Publisher. An
 // XADD Redis refuses because the key holds something else than a stream
 // (WRONGTYPE), and a message whose headers collide with the entry's own
 // fields, are reported as dedupe.Permanent, so the relay parks them at once.
-func (p *OutboxPublisher) Publish(ctx context.Context, msgs []*dedupe.OutboxMessage) []error {
+func (p *OutboxPublisher) Publish(ctx context.Context, msgs []*outbox.StoredMessage) []error {
 	errs := make([]error, len(msgs))
 	cmds := make([]*redis.StringCmd, len(msgs))
 	pipe := p.rdb.Pipeline()
@@ -121,7 +122,7 @@ func (p *OutboxPublisher) Publish(ctx context.Context, msgs []*dedupe.OutboxMess
 }
 
 // entryFields are the fields of the entry for m.
-func entryFields(m *dedupe.OutboxMessage) ([]any, error) {
+func entryFields(m *outbox.StoredMessage) ([]any, error) {
 	out := make([]any, 0, 6+2*len(m.Headers))
 	out = append(out, DefaultKeyField, m.ID, PayloadField, m.Payload)
 	if m.Key != "" {

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // Config configures a Middleware.
@@ -38,7 +39,7 @@ type Config struct {
 	ReturnPoison bool
 	// Outbox, when set, receives the messages the handler returns, in the
 	// handler's transaction. Defaults to nil (the router publishes them).
-	Outbox *dedupe.Outbox
+	Outbox *outbox.Outbox
 	// OutboxTopic is the topic of the messages written to Outbox. Defaults
 	// to the handler's publish topic.
 	OutboxTopic string

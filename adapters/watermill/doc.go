@@ -39,7 +39,7 @@
 // Messages the handler returns are, with Config.Outbox, written to the
 // transactional outbox in the handler's transaction (to Config.OutboxTopic,
 // else the handler's publish topic) and returned to the router as none: they
-// exist if and only if the effects committed, and a dedupe.Relay publishes
+// exist if and only if the effects committed, and a outbox.Relay publishes
 // them, through RelayPublisher to any Watermill publisher. Without
 // Config.Outbox the router publishes them after the commit, at most once:
 // if that publish fails the router nacks, and the redelivery is a duplicate

@@ -7,6 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // MetadataOrderKey is the metadata entry that carries an outbox message's
@@ -22,17 +23,17 @@ const MetadataOrderKey = "dedupe_order_key"
 // UUID becomes the outbox id, its metadata the headers (MetadataOrderKey the
 // Key).
 type OutboxPublisher struct {
-	outbox *dedupe.Outbox
+	outbox *outbox.Outbox
 }
 
 var _ message.Publisher = (*OutboxPublisher)(nil)
 
-// NewOutboxPublisher returns an OutboxPublisher writing to outbox.
-func NewOutboxPublisher(outbox *dedupe.Outbox) (*OutboxPublisher, error) {
-	if outbox == nil {
+// NewOutboxPublisher returns an OutboxPublisher writing to ob.
+func NewOutboxPublisher(ob *outbox.Outbox) (*OutboxPublisher, error) {
+	if ob == nil {
 		return nil, &dedupe.ConfigError{Field: "outbox", Reason: "must not be nil"}
 	}
-	return &OutboxPublisher{outbox: outbox}, nil
+	return &OutboxPublisher{outbox: ob}, nil
 }
 
 // Publish writes msgs to the outbox under topic.
@@ -58,8 +59,8 @@ func (p *OutboxPublisher) Publish(topic string, msgs ...*message.Message) error 
 func (p *OutboxPublisher) Close() error { return nil }
 
 // outboxMessage is the outbox message for a Watermill message.
-func outboxMessage(topic string, msg *message.Message) dedupe.Message {
-	out := dedupe.Message{ID: msg.UUID, Topic: topic, Payload: msg.Payload}
+func outboxMessage(topic string, msg *message.Message) outbox.Message {
+	out := outbox.Message{ID: msg.UUID, Topic: topic, Payload: msg.Payload}
 	if len(msg.Metadata) > 0 {
 		out.Headers = make(map[string][]string, len(msg.Metadata))
 		for k, v := range msg.Metadata {
@@ -81,8 +82,8 @@ type RelayPublisherConfig struct {
 	Topic func(topic string) string
 }
 
-// RelayPublisher is a dedupe.Publisher over any Watermill publisher, for a
-// dedupe.Relay: each outbox message goes out as a Watermill message whose
+// RelayPublisher is a outbox.Publisher over any Watermill publisher, for a
+// outbox.Relay: each outbox message goes out as a Watermill message whose
 // UUID is the outbox id (so UUIDKey claims it downstream, and a relay's
 // re-send is absorbed as a duplicate), whose metadata are the headers (the
 // trace context) and MetadataOrderKey the Key.
@@ -104,7 +105,7 @@ func NewRelayPublisher(pub message.Publisher, cfg RelayPublisherConfig) (*RelayP
 
 // Publish publishes msgs one by one (Watermill's Publish returns once the
 // Pub/Sub accepted the message) and returns one error per message, or nil.
-func (p *RelayPublisher) Publish(ctx context.Context, msgs []*dedupe.OutboxMessage) []error {
+func (p *RelayPublisher) Publish(ctx context.Context, msgs []*outbox.StoredMessage) []error {
 	var errs []error
 	for i, m := range msgs {
 		wm := message.NewMessage(m.ID, m.Payload)

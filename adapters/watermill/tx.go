@@ -23,7 +23,7 @@ func Tx[TTx any](ctx context.Context) (tx TTx, ok bool) {
 	return tx, ok
 }
 
-// querier returns tx as what dedupe.Outbox.Enqueue writes through.
+// querier returns tx as what outbox.Outbox.Enqueue writes through.
 func querier(tx any) (dedupe.Querier, error) {
 	switch t := tx.(type) {
 	case pgx.Tx:

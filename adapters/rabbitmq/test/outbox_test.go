@@ -12,6 +12,7 @@ import (
 	"github.com/exactlyonce/dedupe/internal/amqptest"
 	"github.com/exactlyonce/dedupe/internal/observetest"
 	"github.com/exactlyonce/dedupe/internal/outboxtest"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -32,10 +33,10 @@ func TestOutboxPublisherToRunner(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = pub.Close() })
 	ids := outboxtest.Enqueue(t, db.Pool, ob,
-		dedupe.Message{Topic: "orders", Key: "o1", Payload: []byte("a"), Headers: map[string][]string{"traceparent": {traceparent}}},
-		dedupe.Message{Topic: "orders", Key: "o2", Payload: []byte("b")},
-		dedupe.Message{Topic: "orders", Payload: []byte("c")})
-	relay, err := dedupe.NewRelay(ob, pub, dedupe.RelayConfig{DisableListen: true})
+		outbox.Message{Topic: "orders", Key: "o1", Payload: []byte("a"), Headers: map[string][]string{"traceparent": {traceparent}}},
+		outbox.Message{Topic: "orders", Key: "o2", Payload: []byte("b")},
+		outbox.Message{Topic: "orders", Payload: []byte("c")})
+	relay, err := outbox.NewRelay(ob, pub, outbox.RelayConfig{DisableListen: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,9 +48,9 @@ func TestOutboxPublisherToRunner(t *testing.T) {
 		t.Fatalf("queue holds %d, want 3", n)
 	}
 	// The relay's re-send of the first two.
-	msgs := make([]*dedupe.OutboxMessage, 2)
+	msgs := make([]*outbox.StoredMessage, 2)
 	for i := range msgs {
-		msgs[i] = &dedupe.OutboxMessage{Message: dedupe.Message{ID: ids[i], Topic: "orders", Payload: []byte("again")}}
+		msgs[i] = &outbox.StoredMessage{Message: outbox.Message{ID: ids[i], Topic: "orders", Payload: []byte("again")}}
 	}
 	if errs := pub.Publish(ctx, msgs); errs != nil {
 		t.Fatalf("re-send: %v", errs)
@@ -106,9 +107,9 @@ func TestOutboxPublisherUnroutableParkedAfterAttempts(t *testing.T) {
 	t.Cleanup(func() { _ = pub.Close() })
 	ctx := context.Background()
 	nowhere := amqptest.Name(t, "nowhere") // no queue of that name
-	errs := pub.Publish(ctx, []*dedupe.OutboxMessage{
-		{Message: dedupe.Message{ID: "1", Topic: nowhere}},
-		{Message: dedupe.Message{ID: "2", Topic: b.queue}},
+	errs := pub.Publish(ctx, []*outbox.StoredMessage{
+		{Message: outbox.Message{ID: "1", Topic: nowhere}},
+		{Message: outbox.Message{ID: "2", Topic: b.queue}},
 	})
 	if len(errs) != 2 || !errors.Is(errs[0], dedupeamqp.ErrUnroutable) || dedupe.IsPermanent(errs[0]) || errs[1] != nil {
 		t.Fatalf("errors = %v; want ErrUnroutable (not permanent) and nil", errs)
@@ -117,8 +118,8 @@ func TestOutboxPublisherUnroutableParkedAfterAttempts(t *testing.T) {
 		t.Fatalf("queue holds %d, want 1", n)
 	}
 
-	outboxtest.Enqueue(t, db.Pool, ob, dedupe.Message{Topic: nowhere, Payload: []byte("lost?")})
-	relay, err := dedupe.NewRelay(ob, pub, dedupe.RelayConfig{DisableListen: true, MaxAttempts: 2,
+	outboxtest.Enqueue(t, db.Pool, ob, outbox.Message{Topic: nowhere, Payload: []byte("lost?")})
+	relay, err := outbox.NewRelay(ob, pub, outbox.RelayConfig{DisableListen: true, MaxAttempts: 2,
 		MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +141,7 @@ func TestOutboxPublisherUnroutableParkedAfterAttempts(t *testing.T) {
 	if err := down.CheckHealth(ctx); err == nil {
 		t.Fatal("health of an unreachable broker: nil error")
 	}
-	if errs := down.Publish(ctx, []*dedupe.OutboxMessage{{Message: dedupe.Message{ID: "4", Topic: b.queue}}}); len(errs) != 1 || errs[0] == nil || dedupe.IsPermanent(errs[0]) {
+	if errs := down.Publish(ctx, []*outbox.StoredMessage{{Message: outbox.Message{ID: "4", Topic: b.queue}}}); len(errs) != 1 || errs[0] == nil || dedupe.IsPermanent(errs[0]) {
 		t.Fatalf("publish to an unreachable broker = %v; want one transient error", errs)
 	}
 }

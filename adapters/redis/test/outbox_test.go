@@ -14,6 +14,7 @@ import (
 	"github.com/exactlyonce/dedupe/internal/observetest"
 	"github.com/exactlyonce/dedupe/internal/outboxtest"
 	"github.com/exactlyonce/dedupe/internal/redistest"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -33,10 +34,10 @@ func TestOutboxPublisherToRunner(t *testing.T) {
 		t.Fatal(err)
 	}
 	ids := outboxtest.Enqueue(t, db.Pool, ob,
-		dedupe.Message{Topic: "orders", Key: "o1", Payload: []byte("a"), Headers: map[string][]string{"traceparent": {traceparent}}},
-		dedupe.Message{Topic: "orders", Key: "o2", Payload: []byte("b")},
-		dedupe.Message{Topic: "orders", Payload: []byte("c")})
-	relay, err := dedupe.NewRelay(ob, pub, dedupe.RelayConfig{DisableListen: true})
+		outbox.Message{Topic: "orders", Key: "o1", Payload: []byte("a"), Headers: map[string][]string{"traceparent": {traceparent}}},
+		outbox.Message{Topic: "orders", Key: "o2", Payload: []byte("b")},
+		outbox.Message{Topic: "orders", Payload: []byte("c")})
+	relay, err := outbox.NewRelay(ob, pub, outbox.RelayConfig{DisableListen: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,9 +59,9 @@ func TestOutboxPublisherToRunner(t *testing.T) {
 		t.Fatalf("first entry = %v", first)
 	}
 	// The relay's re-send of the first two.
-	msgs := make([]*dedupe.OutboxMessage, 2)
+	msgs := make([]*outbox.StoredMessage, 2)
 	for i := range msgs {
-		msgs[i] = &dedupe.OutboxMessage{Message: dedupe.Message{ID: ids[i], Topic: "orders", Payload: []byte("again")}}
+		msgs[i] = &outbox.StoredMessage{Message: outbox.Message{ID: ids[i], Topic: "orders", Payload: []byte("again")}}
 	}
 	if errs := pub.Publish(ctx, msgs); errs != nil {
 		t.Fatalf("re-send: %v", errs)
@@ -109,10 +110,10 @@ func TestOutboxPublisherFailures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	errs := pub.Publish(ctx, []*dedupe.OutboxMessage{
-		{Message: dedupe.Message{ID: "1", Topic: notStream}},
-		{Message: dedupe.Message{ID: "2", Topic: good, Headers: map[string][]string{"payload": {"x"}}}},
-		{Message: dedupe.Message{ID: "3", Topic: good}},
+	errs := pub.Publish(ctx, []*outbox.StoredMessage{
+		{Message: outbox.Message{ID: "1", Topic: notStream}},
+		{Message: outbox.Message{ID: "2", Topic: good, Headers: map[string][]string{"payload": {"x"}}}},
+		{Message: outbox.Message{ID: "3", Topic: good}},
 	})
 	if len(errs) != 3 || !dedupe.IsPermanent(errs[0]) || !dedupe.IsPermanent(errs[1]) || errs[2] != nil {
 		t.Fatalf("errors = %v; want two permanent and nil", errs)
@@ -129,7 +130,7 @@ func TestOutboxPublisherFailures(t *testing.T) {
 	if err := dpub.CheckHealth(ctx); err == nil {
 		t.Fatal("health of an unreachable Redis: nil error")
 	}
-	if errs := dpub.Publish(ctx, []*dedupe.OutboxMessage{{Message: dedupe.Message{ID: "4", Topic: good}}}); len(errs) != 1 || errs[0] == nil || dedupe.IsPermanent(errs[0]) {
+	if errs := dpub.Publish(ctx, []*outbox.StoredMessage{{Message: outbox.Message{ID: "4", Topic: good}}}); len(errs) != 1 || errs[0] == nil || dedupe.IsPermanent(errs[0]) {
 		t.Fatalf("publish to an unreachable Redis = %v; want one transient error", errs)
 	}
 }

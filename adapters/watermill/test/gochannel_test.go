@@ -17,6 +17,7 @@ import (
 	dedupewatermill "github.com/exactlyonce/dedupe/adapters/watermill"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 	"github.com/exactlyonce/dedupe/internal/observetest"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 func goChannel(t *testing.T) *gochannel.GoChannel {
@@ -171,7 +172,7 @@ func indexOf(s, sub string) int {
 // outbox id as UUID, each effect once even when the relay sends again.
 func TestProducedMessagesThroughOutbox(t *testing.T) {
 	e := setup(t, nil)
-	ob, err := dedupe.NewOutbox(e.db.Pool, dedupe.OutboxConfig{})
+	ob, err := outbox.New(e.db.Pool, outbox.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +215,7 @@ func TestProducedMessagesThroughOutbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	relay, err := dedupe.NewRelay(ob, rp, dedupe.RelayConfig{DisableListen: true})
+	relay, err := outbox.NewRelay(ob, rp, outbox.RelayConfig{DisableListen: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +223,7 @@ func TestProducedMessagesThroughOutbox(t *testing.T) {
 		t.Fatalf("relay cycle = %d, %v; want 3", n, err)
 	}
 	// A relay's re-send of one.
-	if errs := rp.Publish(context.Background(), []*dedupe.OutboxMessage{{Message: dedupe.Message{ID: "shipment-o2", Topic: "shipments"}}}); errs != nil {
+	if errs := rp.Publish(context.Background(), []*outbox.StoredMessage{{Message: outbox.Message{ID: "shipment-o2", Topic: "shipments"}}}); errs != nil {
 		t.Fatal(errs)
 	}
 	dbtest.WaitFor(t, 20*time.Second, "three shipments", func() bool { return e.effects(t) == 6 })
