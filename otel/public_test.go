@@ -24,6 +24,7 @@ import (
 	"github.com/exactlyonce/dedupe/httpidem"
 	"github.com/exactlyonce/dedupe/internal/dbtest"
 	dedupeotel "github.com/exactlyonce/dedupe/otel"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // The sender's trace context and baggage, as an attacker sends them with a
@@ -43,7 +44,7 @@ type publicEnv struct {
 	db      *dbtest.DB
 	spans   *tracetest.SpanRecorder
 	inbox   *dedupe.Inbox
-	outbox  *dedupe.Outbox
+	outbox  *outbox.Outbox
 	mu      sync.Mutex
 	baggage []string // the handler context's baggage, per handling
 }
@@ -65,7 +66,7 @@ func newPublicEnv(t *testing.T, sampler sdktrace.Sampler) *publicEnv {
 	if e.inbox, err = dedupe.New(e.db.Pool, dedupe.Config{Observer: obs, Logger: dbtest.Logger(t)}); err != nil {
 		t.Fatal(err)
 	}
-	if e.outbox, err = dedupe.NewOutbox(e.db.Pool, dedupe.OutboxConfig{Observer: obs, Logger: dbtest.Logger(t)}); err != nil {
+	if e.outbox, err = outbox.New(e.db.Pool, outbox.Config{Observer: obs, Logger: dbtest.Logger(t)}); err != nil {
 		t.Fatal(err)
 	}
 	return e
@@ -77,7 +78,7 @@ func (e *publicEnv) effect(ctx context.Context, tx pgx.Tx) error {
 	e.mu.Lock()
 	e.baggage = append(e.baggage, baggage.FromContext(ctx).String())
 	e.mu.Unlock()
-	_, err := e.outbox.Enqueue(ctx, tx, dedupe.Message{Topic: "orders.paid", Key: "o-1", Payload: []byte(`{}`)})
+	_, err := e.outbox.Enqueue(ctx, tx, outbox.Message{Topic: "orders.paid", Key: "o-1", Payload: []byte(`{}`)})
 	return err
 }
 
@@ -86,7 +87,7 @@ func (e *publicEnv) effect(ctx context.Context, tx pgx.Tx) error {
 func (e *publicEnv) published(t *testing.T) []map[string][]string {
 	t.Helper()
 	b := &broker{}
-	relay, err := dedupe.NewRelay(e.outbox, dedupe.PublishFunc(b.Publish), dedupe.RelayConfig{DisableListen: true})
+	relay, err := outbox.NewRelay(e.outbox, outbox.PublishFunc(b.Publish), outbox.RelayConfig{DisableListen: true})
 	if err != nil {
 		t.Fatal(err)
 	}

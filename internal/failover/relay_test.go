@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // recorder is a Publisher that records what the relay published, in order,
@@ -29,7 +30,7 @@ type sent struct {
 	seq int
 }
 
-func (r *recorder) publish(ctx context.Context, m *dedupe.OutboxMessage) error {
+func (r *recorder) publish(ctx context.Context, m *outbox.StoredMessage) error {
 	seq, err := strconv.Atoi(string(m.Payload))
 	if err != nil {
 		return dedupe.Permanent(err)
@@ -69,7 +70,7 @@ func TestFailoverRelayKeepsKeyOrder(t *testing.T) {
 	c := Start(t, Options{Sync: true})
 	setupSchema(t, c)
 	pool := newPool(t, c.URL(), 6)
-	ob, err := dedupe.NewOutbox(pool, dedupe.OutboxConfig{})
+	ob, err := outbox.New(pool, outbox.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +82,7 @@ func TestFailoverRelayKeepsKeyOrder(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if _, err := ob.Enqueue(ctx, tx, dedupe.Message{ID: fmt.Sprintf("k%d-%d", k, seq), Topic: "orders",
+				if _, err := ob.Enqueue(ctx, tx, outbox.Message{ID: fmt.Sprintf("k%d-%d", k, seq), Topic: "orders",
 					Key: fmt.Sprintf("k%d", k), Payload: []byte(strconv.Itoa(seq))}); err != nil {
 					t.Fatal(err)
 				}
@@ -94,7 +95,7 @@ func TestFailoverRelayKeepsKeyOrder(t *testing.T) {
 	enqueue(0, before)
 
 	rec := &recorder{holdAt: keys * before / 3, reached: make(chan struct{}), resume: make(chan struct{})}
-	relay, err := dedupe.NewRelay(ob, dedupe.PublishFunc(rec.publish), dedupe.RelayConfig{BatchSize: 4,
+	relay, err := outbox.NewRelay(ob, outbox.PublishFunc(rec.publish), outbox.RelayConfig{BatchSize: 4,
 		PollInterval: 50 * time.Millisecond, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
 		MaxAttempts: -1})
 	if err != nil {
