@@ -9,6 +9,7 @@
 //
 //	migrate [up|status|sql]          create or upgrade the inbox table, list migrations, print the SQL
 //	inspect --scope S --key K        show one key: state, attempts, lease, stored result, last error
+//	inspect --scope S --prefix P     list keys by prefix (and --state): the messages an adapter refused
 //	stats                            count keys by scope and state, the oldest in-flight key, the outbox lag
 //	purge [--older-than D]           delete expired keys in bounded batches, showing progress
 //	release --scope S --key K --yes  delete one key so that it is claimed afresh

@@ -21,18 +21,38 @@ func (k *keyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&k.key, "key", "", "the `key` within the scope. Required.")
 }
 
+// inspectFlags are the flags of inspect: one key, or a list by prefix.
+type inspectFlags struct {
+	keyFlags
+	prefix, state string
+	limit         int
+}
+
 func inspectCommand() *command {
 	return &command{
 		name:     "inspect",
-		synopsis: "inspect --scope S --key K",
-		summary:  "show one key: state, attempts, lease, stored result, last error",
+		synopsis: "inspect --scope S (--key K | --prefix P [--state failed] [--limit N])",
+		summary:  "show one key (state, attempts, lease, stored result, last error), or list keys by prefix",
 		about: `inspect prints the stored row of one key: its state (in_flight, complete,
 failed), the number of attempts, the lease (live, expired, or released by a
 failed attempt, which leaves the key in_flight for the next attempt), the stored
 result (status, headers, body) and the last error. It exits 3 when the key is
-absent.`,
-		flags: func(fs *flag.FlagSet) any { k := &keyFlags{}; k.register(fs); return k },
-		run:   runInspect,
+absent.
+
+With --prefix instead of --key it lists the scope's keys that start with P
+(in --state, when given), one a line with state, attempts and last error: the
+messages an adapter refused are recorded failed under dedupekafka-refused/,
+dedupenats-refused/ or deduperedis-refused/. --state without --prefix lists
+every key of the scope in that state. It exits 0, with an empty list too.`,
+		flags: func(fs *flag.FlagSet) any {
+			f := &inspectFlags{}
+			f.register(fs)
+			fs.StringVar(&f.prefix, "prefix", "", "list the keys that start with `prefix` instead of showing one key.")
+			fs.StringVar(&f.state, "state", "", "with --prefix: list only keys in `state` (in_flight, complete or failed).")
+			fs.IntVar(&f.limit, "limit", defaultListLimit, "with --prefix: list at most `n` keys.")
+			return f
+		},
+		run: runInspect,
 	}
 }
 
@@ -149,7 +169,11 @@ func (r recordJSON) writeText(w io.Writer) {
 }
 
 func runInspect(ctx context.Context, c *cli, opts any, args []string) int {
-	kf := opts.(*keyFlags)
+	f := opts.(*inspectFlags)
+	if f.prefix != "" || f.state != "" {
+		return runList(ctx, c, f, args)
+	}
+	kf := &f.keyFlags
 	key, err := requireKey(kf.scope, kf.key)
 	if err == nil {
 		err = noArgs(args)
@@ -168,5 +192,31 @@ func runInspect(ctx context.Context, c *cli, opts any, args []string) int {
 	}
 	r := newRecordJSON(rec)
 	c.emit(c.stdout, r, r.writeText)
+	return exitOK
+}
+
+// runList is inspect --prefix.
+func runList(ctx context.Context, c *cli, f *inspectFlags, args []string) int {
+	var err error
+	switch {
+	case f.key != "":
+		err = usagef("--key shows one key; --prefix and --state list keys: give one or the other")
+	case f.scope == "":
+		err = usagef("--scope is required")
+	case f.limit <= 0:
+		err = usagef("--limit must be positive")
+	case f.state != "" && f.state != string(dedupe.StateInFlight) && f.state != string(dedupe.StateComplete) && f.state != string(dedupe.StateFailed):
+		err = usagef("--state must be in_flight, complete or failed, not %q", f.state)
+	default:
+		err = noArgs(args)
+	}
+	if err != nil {
+		return c.fail("inspect", err)
+	}
+	list, err := listKeys(ctx, c, f.scope, f.prefix, f.state, f.limit)
+	if err != nil {
+		return c.fail("inspect", err)
+	}
+	c.emit(c.stdout, list, list.writeText)
 	return exitOK
 }
