@@ -286,6 +286,103 @@ func (c *Cluster) Rebuild() {
 	c.waitStreaming()
 }
 
+// StallReplication stops (SIGSTOP) the primary's WAL senders, as a
+// network that stalls: the standby receives nothing more, and with
+// synchronous replication the primary's commits wait. Only Crash ends it.
+func (c *Cluster) StallReplication(ctx context.Context) {
+	c.t.Helper()
+	conn, err := pgx.Connect(ctx, c.PrimaryURL())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_replication`)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil || len(pids) == 0 {
+		c.t.Fatalf("failover: no WAL sender to stall (%v)", err)
+	}
+	for _, pid := range pids {
+		if err := syscall.Kill(int(pid), syscall.SIGSTOP); err != nil {
+			c.t.Fatalf("failover: stopping WAL sender %d: %v", pid, err)
+		}
+	}
+}
+
+// Crash kills the primary as a machine failure does: SIGKILL to its
+// postmaster and then to every process of it, a stopped WAL sender's
+// included, so what they had not sent is gone.
+func (c *Cluster) Crash() {
+	c.t.Helper()
+	dir := c.nodes[c.primary].dir
+	data, err := os.ReadFile(filepath.Join(dir, "postmaster.pid"))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	pm, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(data), "\n", 2)[0]))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	children := childrenOf(pm)
+	_ = syscall.Kill(pm, syscall.SIGKILL)
+	for _, pid := range children {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	// Wait until none of them is left, so that the node's port is free.
+	for _, pid := range append(children, pm) {
+		for syscall.Kill(pid, 0) == nil && !zombie(pid) {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	_ = os.Remove(filepath.Join(dir, "postmaster.pid"))
+}
+
+// childrenOf lists the processes whose parent is pid, from /proc.
+func childrenOf(pid int) []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ppid, ok := parentOf(p); ok && ppid == pid {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// procStat returns the fields of /proc/pid/stat after the command name.
+func procStat(pid int) []string {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil
+	}
+	s := string(data)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(s[i+1:])
+}
+
+func parentOf(pid int) (int, bool) {
+	f := procStat(pid)
+	if len(f) < 2 {
+		return 0, false
+	}
+	ppid, err := strconv.Atoi(f[1])
+	return ppid, err == nil
+}
+
+func zombie(pid int) bool {
+	f := procStat(pid)
+	return len(f) == 0 || f[0] == "Z"
+}
+
 // StopStandby stops the standby at once (pg_ctl stop -m immediate): with
 // synchronous replication the primary's commits wait until StartStandby.
 func (c *Cluster) StopStandby() {
