@@ -2,7 +2,6 @@ package httpidem
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -11,39 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/internal/txguard"
 )
-
-// claimRetries is how often a transactional claim aborted by a
-// serialization failure or a deadlock is tried again.
-const claimRetries = 3
-
-// claimTx begins the request's transaction and claims key in it
-// (transactional mode), through the backend: over pgx, BEGIN, the lock
-// timeout, the claim's insert, the lock timeout's reset and the savepoint go
-// to the server in one round trip (pipelinedTx), with the read of an
-// existing key while the inbox met duplicates recently (after a run of new
-// keys a key found taken is read in a second round trip: Inbox.Claim); over
-// database/sql one after the other. A concurrent
-// request holding the key makes the claim fail with dedupe.ErrInFlight
-// after Config.LockTimeout.
-//
-// For OutcomeClaimed it returns the open transaction, with the savepoint
-// taken after the claim (under StoreServerErrors, the only policy that rolls
-// back to it); for any other outcome, and on error, the
-// transaction is already rolled back and tx is nil.
-func (m *Middleware) claimTx(ctx context.Context, key dedupe.Key) (tx reqTx, claim *dedupe.Claim, err error) {
-	for try := 0; ; try++ {
-		tx, claim, err = m.be.claimOnce(ctx, m, key)
-		if err == nil && tx != nil {
-			return tx, claim, nil
-		}
-		if err == nil || !errors.Is(err, dedupe.ErrRetryable) || try == claimRetries || ctx.Err() != nil {
-			return nil, claim, err
-		}
-	}
-}
 
 // lockTimeoutSetting renders d as a lock_timeout value.
 func lockTimeoutSetting(d time.Duration) string {
