@@ -100,7 +100,9 @@
 // message at its last delivery: give the queue a dead-letter exchange so the
 // broker's own drop is a copy, and an x-delivery-limit well above
 // MaxAttempts (or none: classic queues and 3.10's quorum queues have none by
-// default), so that the inbox's limit is the one that decides.
+// default), so that the inbox's limit is the one that decides. RabbitMQ 4.0
+// gives every quorum queue a delivery limit of 20 unless it sets its own:
+// there, set DeliveryLimit to 20 even for a queue declared without one.
 //
 // consumer_timeout. RabbitMQ closes a channel whose delivery stays
 // unacknowledged longer than consumer_timeout (30 minutes by default); keep
