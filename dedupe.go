@@ -197,7 +197,7 @@ type Inbox struct {
 	// arguments, converted once rather than on every claim.
 	leaseArg, retentionArg any
 	// direct holds the statements of the direct claim round, nil when the
-	// driver cannot send it (pgxdirect.go, internal/direct).
+	// driver cannot send it (driver.go, internal/direct).
 	direct *direct.Stmts
 	// ahead decides whether a claim sends the read of an existing key with
 	// its insert (direct.Ahead).

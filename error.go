@@ -218,7 +218,7 @@ const (
 	pgNoActiveTx       = "25P01"
 	pgInvalidSavepoint = "3B001"
 	// A prepared statement of the direct claim round that went away, or
-	// whose result type changed (pgxdirect.go): prepared anew.
+	// whose result type changed (driver.go, internal/direct): prepared anew.
 	pgInvalidSQLStatementName = "26000"
 	pgFeatureNotSupported     = "0A000"
 )

@@ -341,7 +341,7 @@ func (t *sqlTx) commitRaw(ctx context.Context) (done bool, err error) {
 // *pgx.Conn under the *sql.Tx: the lock timeout, the claim and the
 // savepoint in one round trip, and the read of an existing key with them or
 // after them, sent as the pgx driver's direct round sends them
-// (pgxdirect.go, sendDirect). Where the connection is not pgx's
+// (driver.go, sendDirect). Where the connection is not pgx's
 // stdlib, or its configuration wants pgx's batch (a tracer, another
 // statement mode), the claim goes through SQLDB.begin as before.
 

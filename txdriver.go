@@ -2,9 +2,11 @@ package dedupe
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -22,7 +24,7 @@ type txDriver struct {
 	syncCommit  string // ConsumerConfig.SynchronousCommit
 	maxAttempts int    // 0 = no limit
 	// direct and directBegin send the claim round straight over pgconn
-	// (pgxdirect.go); nil where the driver cannot.
+	// (driver.go, internal/direct); nil where the driver cannot.
 	direct      *pgxDirect
 	directBegin *direct.Begin
 	// checked is set for a Consumer: its COMMIT proves that the
@@ -48,7 +50,7 @@ func (d *txDriver) beginBatch() *pgx.Batch {
 // beginClaim begins the claim's transaction and claims r in it, with the
 // read of an existing key queued behind the claim and the savepoint taken
 // right after it: with pgx in one round trip, straight over pgconn where the
-// driver can (pgxdirect.go). savepoint reports whether the savepoint was
+// driver can (driver.go, internal/direct). savepoint reports whether the savepoint was
 // taken (a driver that sends statements one by one takes it only for a new
 // key).
 func (d *txDriver) beginClaim(ctx context.Context, r *claimReq) (tx txConn, round *claimRound, savepoint bool, err error) {
@@ -291,4 +293,199 @@ func (d *txDriver) report(ctx context.Context, claim *Claim, herr error, poisone
 	log.WarnContext(ctx, "dedupe: handler failed", "scope", key.Scope, "key", key.ID,
 		"attempt", claim.Attempt, "err", herr)
 	return OutcomeRetry, he
+}
+
+// resolveTimeout bounds the resolution of a lost COMMIT reply: how long it
+// waits for a transaction that still holds the key (its COMMIT not yet
+// processed) and retries an unreachable database.
+const resolveTimeout = 10 * time.Second
+
+// Resolve learns whether the transaction that holds the transactional claim
+// c (Claim, or a leased claim completed with CompleteTx) committed, after its
+// COMMIT failed without a reply (an error matching neither a server error nor
+// a refusal before sending: the connection broke after the COMMIT may have
+// reached the server). It reads the claim's own row on a fresh connection:
+// committed is true when the row is complete under c's token.
+//
+// The read first waits (up to 10s) for any transaction still holding the
+// key, so a COMMIT that reached the server but is not processed yet is not
+// mistaken for a rollback. Within the same bound it waits out a failover:
+// a server starting up or shutting down (SQLSTATE 57P03) and a standby not
+// yet promoted (read only) are tried again. When the database cannot answer in that time the
+// error matches ErrOutcomeUnknown: then nothing may be assumed either way.
+func (i *Inbox) Resolve(ctx context.Context, c *Claim) (committed bool, err error) {
+	if err := mustHold(c, "Resolve"); err != nil {
+		return false, err
+	}
+	state, ours, err := i.probe(ctx, c.Key, c.Token)
+	if err != nil {
+		return false, &OutcomeUnknownError{Op: "commit", Key: c.Key, Err: err}
+	}
+	if state == "" && !i.unpurged(c) {
+		// No row: rolled back, or committed and purged since. Only a claim
+		// younger than Retention cannot have been purged.
+		return false, &OutcomeUnknownError{Op: "commit", Key: c.Key, Err: errMaybePurged}
+	}
+	return ours && state == StateComplete, nil
+}
+
+// errMaybePurged is a lost COMMIT whose key is absent when resolved, more
+// than Retention after the claim: Purge may have deleted a committed claim.
+var errMaybePurged = errors.New("the key is absent, and the claim is older than Retention: it may have committed and been purged since")
+
+// unpurged reports whether c's row, had it committed, could not have been
+// purged yet: it expires Retention after its claim at the earliest, and
+// less than that has passed since the claim was sent (on this process's
+// monotonic clock, which counts at least the database's elapsed time since
+// the insert; on the test clock when the inbox has one).
+func (i *Inbox) unpurged(c *Claim) bool {
+	if c.sentClock != nil {
+		now := i.cfg.now()
+		return now != nil && now.Sub(*c.sentClock) < i.cfg.Retention
+	}
+	return !c.sent.IsZero() && time.Since(c.sent) < i.cfg.Retention
+}
+
+// probe reads key's committed row on a fresh connection, after waiting for
+// any transaction that still holds it, and reports its state and whether it
+// carries token. An absent key reports ours false and state "". It never
+// changes anything: its transaction is always rolled back.
+func (i *Inbox) probe(ctx context.Context, key Key, token int64) (State, bool, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
+	defer cancel()
+	opts := pgx.TxOptions{BeginQuery: fmt.Sprintf("BEGIN; SET LOCAL lock_timeout = %d", resolveTimeout.Milliseconds())}
+	var err error
+	policy := Backoff{Min: 10 * time.Millisecond, Max: time.Second}
+	for backoff := policy.Min; ; backoff = policy.Next(backoff) {
+		var (
+			state State
+			ours  bool
+		)
+		state, ours, err = i.probeOnce(ctx, key, token, opts)
+		if err == nil {
+			return state, ours, nil
+		}
+		if errors.Is(err, ErrInFlight) || !retryableConnErr(err) {
+			return "", false, err // a lock held past the timeout, or a real error
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return "", false, errors.Join(err, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+func (i *Inbox) probeOnce(ctx context.Context, key Key, token int64, opts pgx.TxOptions) (State, bool, error) {
+	tx, err := i.drv.begin(ctx, opts, nil)
+	if err != nil {
+		return "", false, translate(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the probe never commits
+	probe := newToken()
+	var (
+		got   int64
+		state string
+	)
+	if err := tx.QueryRow(ctx, i.q.resolve, i.cfg.now(), key.Scope, key.ID, probe).Scan(&got, &state); err != nil {
+		return "", false, translate(err)
+	}
+	if got == probe {
+		return "", false, nil // nothing committed under the key
+	}
+	return State(state), got == token, nil
+}
+
+// retryableConnErr reports an error of the connection, or of a server that
+// cannot serve the probe yet, rather than of the statement: worth another try
+// on a fresh connection, within resolveTimeout. During a failover the old
+// primary refuses connections while it shuts down and the standby is read
+// only until it is promoted; a multi-host connection string
+// (target_session_attrs=read-write) reports every host's error joined, so
+// every server error in err's tree must be transient.
+func retryableConnErr(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	retry := true
+	walkErrors(err, func(e error) {
+		if se, ok := e.(interface{ SQLState() string }); ok && !transientState(se.SQLState()) {
+			retry = false
+		}
+	})
+	return retry
+}
+
+// transientState reports a SQLSTATE that a fresh connection may not meet:
+// 57P01 admin shutdown (a terminated backend), 57P02 crash shutdown (a
+// backend ended by another's crash), 57P03 cannot connect now (a server
+// starting up or shutting down), 53300 too many connections, 25006 read-only
+// transaction (a standby not promoted yet) and 08xxx connection exceptions.
+func transientState(code string) bool {
+	switch code {
+	case "57P01", "57P02", "57P03", "53300", "25006":
+		return true
+	}
+	return len(code) == 5 && code[:2] == "08"
+}
+
+// walkErrors calls f for err and every error it wraps, through
+// errors.Join's and fmt.Errorf's lists too.
+func walkErrors(err error, f func(error)) {
+	if err == nil {
+		return
+	}
+	f(err)
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		walkErrors(u.Unwrap(), f)
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			walkErrors(e, f)
+		}
+	}
+}
+
+// A transaction whose end belongs to dedupe (a Consumer's, httpidem's) can be
+// ended by the code it is handed: a ROLLBACK or COMMIT sent as a statement,
+// then perhaps BEGIN and more writes. Its COMMIT must then not report the
+// work processed. The proof is the savepoint ClaimSavepoint, taken right
+// after the claim (or BEGIN): only the transaction that took it holds it,
+// and the COMMIT releases it first, in the same simple query (one round trip,
+// as COMMIT alone), so that a transaction ended and begun again fails there
+// and commits nothing. Consumer does this on its own; the functions below
+// are for packages that own a transaction themselves (httpidem).
+
+// ClaimSavepoint is the savepoint a checked COMMIT releases: take it with
+// SAVEPOINT dedupe_claim right after the claim (or BEGIN), in the same round
+// trip where the driver can.
+const ClaimSavepoint = sqlSavepointName
+
+// CheckedTxOptions returns opts with the checked COMMIT as pgx's
+// CommitQuery: a pgx.Tx begun with them commits only while it still holds
+// ClaimSavepoint. Pass its Commit's error through CommitError.
+func CheckedTxOptions(opts pgx.TxOptions) pgx.TxOptions {
+	opts.CommitQuery = sqlCommitClaim
+	return opts
+}
+
+// CommitError maps the error of a checked COMMIT (CheckedTxOptions): a
+// transaction that no longer held ClaimSavepoint (ended behind its owner's
+// back, perhaps begun again) matches ErrTxEnded; nothing committed. Other
+// errors are mapped as the package maps every driver error.
+func CommitError(err error) error { return translate(err) }
+
+// CommitSQLTx commits tx, a database/sql transaction that took
+// ClaimSavepoint, only while it still holds it: a transaction ended behind
+// its owner's back returns an error matching ErrTxEnded, is rolled back, and
+// nothing of it commits. The check goes before the driver's COMMIT, one
+// round trip more than tx.Commit (a Consumer's *sql.Tx over pgx's stdlib
+// pays none: it holds the connection under the transaction). A transaction
+// a failed statement aborted returns the driver's failed-commit error as
+// tx.Commit does.
+func CommitSQLTx(ctx context.Context, tx *sql.Tx) error {
+	t := &sqlTx{sqlQuerier: sqlQuerier{tx}, tx: tx}
+	return translate(t.commitClaim(ctx))
 }
