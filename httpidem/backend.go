@@ -21,8 +21,8 @@ import (
 type backend interface {
 	// claimOnce begins the request transaction with the claim of key in it
 	// (transactional mode): one attempt, without retries. For
-	// OutcomeClaimed it returns the open transaction, the savepoint taken
-	// after the claim when the middleware's policy needs it; for any other
+	// OutcomeClaimed it returns the open transaction, the claim's savepoint
+	// (dedupe.ClaimSavepoint) taken after the claim; for any other
 	// outcome, and on error, nothing stays open and tx is nil.
 	claimOnce(ctx context.Context, m *Middleware, key dedupe.Key) (tx reqTx, claim *dedupe.Claim, err error)
 	// begin begins a transaction for the handler (leased mode, on its
@@ -75,7 +75,7 @@ type reqTx interface {
 // rollback to the savepoint, the stored result, then COMMIT; a failed
 // statement rolls the transaction back and is returned as it is.
 func commitStoredInTurn(ctx context.Context, tx reqTx, m *Middleware, claim *dedupe.Claim, res dedupe.Result, toSavepoint bool) error {
-	if toSavepoint { // before checkClaim, which releases this savepoint with its own
+	if toSavepoint { // back to the savepoint, which stays for checkClaim
 		if _, err := tx.querier().Exec(ctx, sqlRollbackSavepoint); err != nil {
 			rollback(ctx, tx)
 			return err
@@ -147,8 +147,7 @@ type pgxBackend struct{ db pgxDB }
 func (b pgxBackend) isSQL() bool { return false }
 
 func (b pgxBackend) claimOnce(ctx context.Context, m *Middleware, key dedupe.Key) (reqTx, *dedupe.Claim, error) {
-	p := &pipelinedTx{db: b.db, opts: dedupe.CheckedTxOptions(m.cfg.TxOptions), lockTimeout: m.lockTimeout,
-		savepoint: m.cfg.ServerErrors == StoreServerErrors}
+	p := &pipelinedTx{db: b.db, opts: dedupe.CheckedTxOptions(m.cfg.TxOptions), lockTimeout: m.lockTimeout}
 	claim, err := m.inbox.Claim(ctx, p, key)
 	if err == nil && claim.Outcome == dedupe.OutcomeClaimed {
 		if err = p.settle(ctx); err == nil {
@@ -290,11 +289,7 @@ func (b sqlBackend) claimIn(ctx context.Context, m *Middleware, tx *sqlReq, key 
 	if err != nil || claim.Outcome != dedupe.OutcomeClaimed {
 		return claim, err
 	}
-	stmt := sqlRestoreLockTimeout + "; " + sqlClaimSavepoint
-	if m.cfg.ServerErrors == StoreServerErrors {
-		stmt += "; " + sqlSavepoint
-	}
-	_, err = tx.q.Exec(ctx, stmt)
+	_, err = tx.q.Exec(ctx, sqlRestoreLockTimeout+"; "+sqlClaimSavepoint)
 	return claim, err
 }
 

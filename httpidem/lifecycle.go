@@ -175,10 +175,11 @@ const claimRetries = 3
 // request holding the key makes the claim fail with dedupe.ErrInFlight
 // after Config.LockTimeout.
 //
-// For OutcomeClaimed it returns the open transaction, with the savepoint
-// taken after the claim (under StoreServerErrors, the only policy that rolls
-// back to it); for any other outcome, and on error, the
-// transaction is already rolled back and tx is nil.
+// For OutcomeClaimed it returns the open transaction, with the claim's
+// savepoint taken after the claim (StoreServerErrors rolls the handler's
+// effects back to it; the middleware releases it before it commits, proof
+// that the transaction is still the request's); for any other outcome, and
+// on error, the transaction is already rolled back and tx is nil.
 func (m *Middleware) claimTx(ctx context.Context, key dedupe.Key) (tx reqTx, claim *dedupe.Claim, err error) {
 	for try := 0; ; try++ {
 		tx, claim, err = m.be.claimOnce(ctx, m, key)

@@ -37,10 +37,6 @@ type pipelinedTx struct {
 	db          pgxDB
 	opts        pgx.TxOptions
 	lockTimeout string
-	// savepoint is whether the savepoint is taken after the claim: only
-	// StoreServerErrors rolls back to it, to store a 5xx answer with the
-	// claim still held; RetryServerErrors rolls everything back.
-	savepoint bool
 
 	tx        pgx.Tx        // nil until begun
 	conn      *pgxpool.Conn // the pool's connection tx runs on, held until the request ends; nil for another pgxDB
@@ -58,9 +54,6 @@ func (p *pipelinedTx) begin(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 		nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries...)
 		nb.Queue(sqlRestoreLockTimeout)
 		nb.Queue(sqlClaimSavepoint)
-		if p.savepoint {
-			nb.Queue(sqlSavepoint)
-		}
 		p.pipelined = true
 	}
 	var sender interface {
@@ -135,9 +128,6 @@ func (p *pipelinedTx) settle(ctx context.Context) error {
 		return nil
 	}
 	sql := sqlRestoreLockTimeout + "; " + sqlClaimSavepoint
-	if p.savepoint {
-		sql += "; " + sqlSavepoint
-	}
 	_, err := p.tx.Exec(ctx, sql)
 	return err
 }

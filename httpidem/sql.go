@@ -37,9 +37,10 @@ const (
 	// (a ROLLBACK sent as a statement) and perhaps began again.
 	sqlClaimSavepoint = `SAVEPOINT ` + dedupe.ClaimSavepoint
 	sqlCheckClaim     = `RELEASE SAVEPOINT ` + dedupe.ClaimSavepoint
-	// sqlSavepoint and sqlRollbackSavepoint bracket the handler's effects.
-	sqlSavepoint         = `SAVEPOINT httpidem_claim`
-	sqlRollbackSavepoint = `ROLLBACK TO SAVEPOINT httpidem_claim`
+	// sqlRollbackSavepoint rolls the handler's effects back to the claim's
+	// savepoint (StoreServerErrors: the claim stays held, and so does the
+	// savepoint, for the check that follows).
+	sqlRollbackSavepoint = `ROLLBACK TO SAVEPOINT ` + dedupe.ClaimSavepoint
 )
 
 // versionedSQL renders the statements of a Versioned for its table and
