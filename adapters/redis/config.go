@@ -13,7 +13,9 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultWorkers       = 4
+	DefaultWorkers = 4
+	// DefaultMinPending is the least MaxPending defaults to.
+	DefaultMinPending    = 64
 	DefaultClaimIdle     = 30 * time.Second
 	DefaultMaxDeliveries = 20
 	DefaultBlock         = time.Second
@@ -70,6 +72,14 @@ type Config struct {
 	MaxDeliveries int
 	// Workers is the number of entries handled concurrently. Defaults to 4.
 	Workers int
+	// MaxPending bounds the entries read ahead of the workers, so at most
+	// Workers+MaxPending entries are held by this runner (kept alive by the
+	// heartbeat). A new XREADGROUP is sent when half of it is free, so a
+	// larger buffer costs fewer reads per entry; what it costs is fairness
+	// (a slow runner holds its buffer while others idle), and on shutdown
+	// the buffered entries are handled within DrainTimeout too. Defaults to
+	// max(2×Workers, 64).
+	MaxPending int
 	// ClaimIdle is how long an entry stays pending, unacknowledged and not
 	// kept alive by its consumer, before another consumer reclaims it
 	// (XAUTOCLAIM). A runner keeps the entries it holds alive (see
@@ -140,6 +150,9 @@ func (c Config) withDefaults(inbox *dedupe.Inbox, group string) (Config, error) 
 	if out.Workers == 0 {
 		out.Workers = DefaultWorkers
 	}
+	if out.MaxPending == 0 {
+		out.MaxPending = max(2*out.Workers, DefaultMinPending)
+	}
 	if out.ClaimIdle == 0 {
 		out.ClaimIdle = DefaultClaimIdle
 	}
@@ -175,6 +188,8 @@ func (c Config) withDefaults(inbox *dedupe.Inbox, group string) (Config, error) 
 		return bad("Scope", "is required when the group has no name")
 	case out.Workers < 0:
 		return bad("Workers", "must be positive")
+	case out.MaxPending < 0:
+		return bad("MaxPending", "must be positive")
 	case out.ClaimIdle < time.Millisecond:
 		return bad("ClaimIdle", "must be at least 1ms")
 	case out.ClaimInterval <= 0:

@@ -167,8 +167,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	go func() { defer close(beatDone); r.held.run(beat) }()
 
 	// Every entry taken counts in busy until it is settled, so the queue
-	// never holds more than Workers entries and a send never blocks.
-	queue := make(chan *Message, r.cfg.Workers)
+	// never holds more than the runner's capacity and a send never blocks.
+	queue := make(chan *Message, r.cfg.Workers+r.cfg.MaxPending)
 	var wg sync.WaitGroup
 	for range r.cfg.Workers {
 		wg.Go(func() {
@@ -255,14 +255,17 @@ func (r *Runner) read(ctx context.Context, queue chan<- *Message) error {
 	}
 }
 
-// room waits until a worker is free and returns how many are, or false when
-// ctx is done.
+// room waits until at least half of MaxPending (at least one) of the
+// runner's capacity (Workers+MaxPending) is free and returns how much is,
+// or false when ctx is done.
 func (r *Runner) room(ctx context.Context) (int, bool) {
+	capacity := r.cfg.Workers + r.cfg.MaxPending
+	low := max(1, (r.cfg.MaxPending+1)/2)
 	for {
 		if ctx.Err() != nil {
 			return 0, false
 		}
-		if free := r.cfg.Workers - int(r.busy.Load()); free > 0 {
+		if free := capacity - int(r.busy.Load()); free >= low {
 			return free, true
 		}
 		t := time.NewTimer(time.Second)

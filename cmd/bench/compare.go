@@ -131,6 +131,11 @@ var comparisons = []comparison{
 		hand: side{name: "hand-written amqp091-go consumer", drain: (*bench).amqpHand},
 	},
 	{
+		name: "deduperedis.Runner", section: sectionTransport, unit: perTx, ceiling: 8000,
+		lib:  side{name: "deduperedis.Runner", drain: (*bench).redisRunner},
+		hand: side{name: "hand-written go-redis consumer", drain: (*bench).redisHand},
+	},
+	{
 		name: "outbox.Relay → JetStream", section: sectionTransport, unit: perCycle, ceiling: 50000,
 		lib:  side{name: "outbox.Relay", drain: (*bench).relayLib},
 		hand: side{name: "hand-written outbox relay", drain: (*bench).relayHand},

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/internal/pgerr"
@@ -32,10 +34,14 @@ type bench struct {
 	consumer *dedupe.Consumer[string]
 	http     *httpBench
 	js       jetstream.JetStream // the in-process NATS server of the transport rows
-	backlogs backlogs
-	seq      atomic.Int64
-	run      string // distinguishes the keys of successive runs
-	dupRun   string // the prefix of the committed keys the duplicate rows redeliver
+	// rdb is the Redis of the Redis rows (REDIS_URL), connected once.
+	rdb       *redis.Client
+	redisOnce sync.Once
+	redisErr  error
+	backlogs  backlogs
+	seq       atomic.Int64
+	run       string // distinguishes the keys of successive runs
+	dupRun    string // the prefix of the committed keys the duplicate rows redeliver
 	// connConfig is the pool's connection settings, counting dialer
 	// included, from which the database/sql rows open their *sql.DB.
 	connConfig *pgx.ConnConfig

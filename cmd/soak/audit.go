@@ -10,6 +10,7 @@ import (
 
 	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
 	dedupeamqp "github.com/exactlyonce/dedupe/adapters/rabbitmq"
+	deduperedis "github.com/exactlyonce/dedupe/adapters/redis"
 )
 
 // report is the audit of one transport. Every unique input must end in one
@@ -29,7 +30,7 @@ type report struct {
 	wrongEnd     int // inputs designed to fail that committed, or others that failed or were dead-lettered
 	duplicated   int // inputs with more than one effect
 	unknown      int // effects, failed keys or dead letters of ids that were never an input
-	refused      int // failed keys of keyless Kafka and RabbitMQ messages (dedupekafka.RefusedKey, dedupeamqp.RefusedKey)
+	refused      int // failed keys of keyless Kafka, RabbitMQ and Redis messages (dedupekafka.RefusedKey, dedupeamqp.RefusedKey, deduperedis.RefusedKey)
 	stuck        int // keys in flight after every input was acknowledged
 	pastLease    int // of those, with a lease that ran out
 
@@ -125,7 +126,7 @@ func (s *soak) audit(ctx context.Context, e *env) (*report, error) {
 		case row.state == "in_flight":
 			r.stuck++
 		case row.state != "failed":
-		case strings.HasPrefix(key, dedupekafka.RefusedKeyPrefix), strings.HasPrefix(key, dedupeamqp.RefusedKeyPrefix):
+		case strings.HasPrefix(key, dedupekafka.RefusedKeyPrefix), strings.HasPrefix(key, dedupeamqp.RefusedKeyPrefix), strings.HasPrefix(key, deduperedis.RefusedKeyPrefix):
 			r.refused++
 		case !s.unique[key]:
 			r.unknown++

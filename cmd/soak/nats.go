@@ -234,6 +234,8 @@ type childFlags struct {
 	webhookAddr  string
 	amqpURL      string
 	amqpQueue    string
+	redisURL     string
+	redisStream  string
 }
 
 func (c *childFlags) register(fs *flag.FlagSet) {
@@ -243,4 +245,6 @@ func (c *childFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.webhookAddr, "webhook-addr", "127.0.0.1:0", "listen address of the webhook transport")
 	fs.StringVar(&c.amqpURL, "amqp-url", "", "RabbitMQ broker of the amqp transport")
 	fs.StringVar(&c.amqpQueue, "amqp-queue", "", "queue of the amqp transport")
+	fs.StringVar(&c.redisURL, "redis-url", "", "Redis of the redis transport")
+	fs.StringVar(&c.redisStream, "redis-stream", "", "stream of the redis transport")
 }

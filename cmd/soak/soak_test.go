@@ -147,7 +147,7 @@ FROM `+tbl+`.soak_effects WHERE transport = $1`, name, committed).Scan(&total, &
 		}
 		var failed, failedForeign int
 		err = k.conn.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE key <> ALL($2))
-FROM `+tbl+`.dedupe_inbox WHERE scope = $1 AND state = 'failed' AND key NOT LIKE 'dedupekafka-refused/%' AND key NOT LIKE 'dedupeamqp-refused/%'`,
+FROM `+tbl+`.dedupe_inbox WHERE scope = $1 AND state = 'failed' AND key NOT LIKE 'dedupekafka-refused/%' AND key NOT LIKE 'dedupeamqp-refused/%' AND key NOT LIKE 'deduperedis-refused/%'`,
 			e.scope, failing).Scan(&failed, &failedForeign)
 		if err != nil {
 			t.Fatal(err)
@@ -328,7 +328,7 @@ func checkExternalEnds(t *testing.T, lines map[string]map[string]string) {
 			if atoi(t, f, "dead_lettered") != keyless || atoi(t, f, "failed") != failing {
 				t.Errorf("%s: want dead_lettered=%d failed=%d: %v", tr, keyless, failing, f)
 			}
-		case "kafka", "kafka-batch", "amqp":
+		case "kafka", "kafka-batch", "amqp", "redis":
 			if atoi(t, f, "dead_lettered") != keyless+failing || atoi(t, f, "failed") != failing || atoi(t, f, "refused") < keyless {
 				t.Errorf("%s: want dead_lettered=%d failed=%d refused>=%d: %v", tr, keyless+failing, failing, keyless, f)
 			}
@@ -371,6 +371,22 @@ func TestSoakAMQPWithFaults(t *testing.T) {
 	checkDatabase(t, db, "amqp")
 	checkLines(t, lines, 400, map[string][]string{
 		"amqp": {"errors", "panics", "killed", "stopped", "redelivered", "failed", "dead_lettered", "refused", "broker_cut", "commit_lost", "cut"},
+	})
+	checkExternalEnds(t, lines)
+}
+
+// TestSoakRedisWithFaults soaks the Redis Streams runner on the machine's
+// Redis, its Redis connections killed every 40 effects and a worker
+// subprocess killed mid-transaction, whose pending entries are reclaimed.
+func TestSoakRedisWithFaults(t *testing.T) {
+	t.Parallel()
+	code, lines, db := runSoak(t, append([]string{"-transports", "redis"}, externalArgs...)...)
+	if code != exitOK {
+		t.Fatalf("exit code = %d, want 0", code)
+	}
+	checkDatabase(t, db, "redis")
+	checkLines(t, lines, 400, map[string][]string{
+		"redis": {"errors", "panics", "killed", "stopped", "redelivered", "failed", "dead_lettered", "refused", "broker_cut", "commit_lost", "cut"},
 	})
 	checkExternalEnds(t, lines)
 }

@@ -52,6 +52,7 @@ var transports = []transport{
 	{name: "kafka", run: runKafka(1), child: kafkaChild, soakedByDefault: true, poison: true, keyless: true},
 	{name: "kafka-batch", run: runKafka(50), child: kafkaChild, soakedByDefault: true, poison: true, keyless: true},
 	{name: "amqp", run: runAMQP, child: amqpChild, soakedByDefault: true, poison: true, keyless: true},
+	{name: "redis", run: runRedis, child: redisChild, soakedByDefault: true, poison: true, keyless: true},
 	{name: "webhook", run: runWebhook, child: webhookChild, soakedByDefault: true, poison: true},
 	{name: "httpidem", run: runHTTPIdem, child: httpidemChild, soakedByDefault: true},
 	{name: "outbox", run: runOutbox, child: outboxChild, soakedByDefault: true, poison: true},
