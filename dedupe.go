@@ -1,31 +1,3 @@
-// Package dedupe gives at-least-once consumers exactly-once effects.
-//
-// Every consumer of a queue, a webhook or an API receives the same message
-// twice sooner or later. dedupe claims the message's key in a PostgreSQL
-// inbox table inside the same transaction as the consumer's own writes, so
-// the claim and the effects commit together or not at all; a duplicate finds
-// the committed claim and is skipped.
-//
-// There are two modes:
-//
-//   - Transactional (the default, used by Consumer and Inbox.Claim): the
-//     claim row is written in the handler's transaction. A concurrent
-//     duplicate waits on the unique index and then sees either the committed
-//     claim (a duplicate) or, if the first attempt rolled back, claims the key
-//     itself.
-//   - Leased (Inbox.Begin, Complete, Fail): for work whose side effects cannot
-//     share the transaction. The claim commits as in flight with a lease; a
-//     lease that expires lets a retry take over, and the old holder's late
-//     completion is refused by a fencing token.
-//
-// A key has three states: absent, in flight and complete, plus failed for a
-// poison key whose attempts are used up. Keys are scoped: uniqueness is on
-// (scope, key).
-//
-// The database is reached through pgx (a *pgxpool.Pool; handlers receive a
-// pgx.Tx) or database/sql (SQL wraps a *sql.DB over pgx's stdlib or lib/pq;
-// handlers receive a *sql.Tx). The guarantees are the same; pgx saves round
-// trips by sending BEGIN and the claim together.
 package dedupe
 
 import (
