@@ -19,11 +19,13 @@ replace github.com/exactlyonce/dedupe/internal/natstest => ../internal/natstest
 replace github.com/exactlyonce/dedupe/internal/kafkatest => ../internal/kafkatest
 
 require (
+	github.com/ThreeDotsLabs/watermill v1.4.7
 	github.com/exactlyonce/dedupe v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/adapters/kafka v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/adapters/nats v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/adapters/rabbitmq v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/adapters/redis v0.0.0-00010101000000-000000000000
+	github.com/exactlyonce/dedupe/adapters/watermill v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/dedupetest v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/internal/amqptest v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/internal/kafkatest v0.0.0-00010101000000-000000000000
@@ -76,6 +78,7 @@ require (
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/klauspost/compress v1.20.4 // indirect
+	github.com/lithammer/shortuuid/v3 v3.0.7 // indirect
 	github.com/lufia/plan9stats v0.0.0-20260330125221-c963978e514e // indirect
 	github.com/magiconair/properties v1.18.12 // indirect
 	github.com/minio/highwayhash v1.0.4 // indirect
@@ -91,9 +94,11 @@ require (
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.3 // indirect
 	github.com/nats-io/nkeys v0.4.17 // indirect
+	github.com/oklog/ulid v1.3.1 // indirect
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect
 	github.com/pierrec/lz4/v4 v4.1.33 // indirect
+	github.com/pkg/errors v0.9.1 // indirect
 	github.com/power-devops/perfstat v0.0.0-20240221224432-82ca36839d55 // indirect
 	github.com/prometheus/client_golang v1.24.1 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
@@ -148,3 +153,5 @@ replace github.com/exactlyonce/dedupe/otel/otelsetup => ../otel/otelsetup
 replace github.com/exactlyonce/dedupe/adapters/redis => ../adapters/redis
 
 replace github.com/exactlyonce/dedupe/internal/redistest => ../internal/redistest
+
+replace github.com/exactlyonce/dedupe/adapters/watermill => ../adapters/watermill
