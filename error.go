@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/dedupe/internal/pgerr"
+	"github.com/exactlyonce/dedupe/internal/sqldb"
 )
 
 // Sentinel errors. Every error the package returns for a refusal matches one
@@ -281,7 +282,7 @@ func translate(err error) error {
 // the rollback to the claim's savepoint): no transaction is open, or
 // another one is, begun by the handler after it ended the claim's.
 var (
-	errTxIdle      = wrap(ErrTxEnded, errors.New("no transaction is open"))
+	errTxIdle      = wrap(ErrTxEnded, sqldb.ErrNoTx)
 	errTxRestarted = wrap(ErrTxEnded, errors.New("the transaction holding the claim ended and another one is open"))
 )
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/exactlyonce/dedupe/internal/direct"
 	"github.com/exactlyonce/dedupe/internal/pgerr"
+	"github.com/exactlyonce/dedupe/internal/sqldb"
 )
 
 // txDriver is what Consumer and BatchConsumer share: how a claim's
@@ -486,6 +487,6 @@ func CommitError(err error) error { return translate(err) }
 // a failed statement aborted returns the driver's failed-commit error as
 // tx.Commit does.
 func CommitSQLTx(ctx context.Context, tx *sql.Tx) error {
-	t := &sqlTx{sqlQuerier: sqlQuerier{tx}, tx: tx}
+	t := &sqlTx{sqldb.Tx{Querier: sqldb.Querier{R: tx}, SQL: tx}}
 	return translate(t.commitClaim(ctx))
 }

@@ -1,4 +1,4 @@
-package sqlconv
+package sqldb
 
 import (
 	"testing"

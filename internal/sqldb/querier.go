@@ -1,8 +1,11 @@
-// Package sqlconv runs the core's statements through database/sql: what a
+// Package sqldb is the database/sql driver below the root package's seam: its
+// transactions (begun on a connection of their own where pgx's stdlib lets
+// the core reach the *pgx.Conn under them, committed only while they hold
+// their claim: tx.go) and the Querier that runs the core's statements: what a
 // Querier over a *sql.DB, *sql.Conn or *sql.Tx needs that database/sql
 // drivers do not all do (durations as intervals, slices as arrays, both as
 // PostgreSQL text; intervals read back from text; no row as pgx.ErrNoRows).
-package sqlconv
+package sqldb
 
 import (
 	"context"
