@@ -68,15 +68,28 @@ type Config struct {
 	// the key as failed (deliveries spent on shutdowns or in-flight copies
 	// are not attempts, so the two counts can differ).
 	MaxAttempts int
-	// Workers is the number of messages handled concurrently. Defaults to 4.
+	// Workers is the number of messages (in batch mode, batches) handled
+	// concurrently. Defaults to 4.
 	Workers int
+	// BatchSize turns on batch mode when above 1: each worker takes up to
+	// BatchSize of the messages fetched (the one it waited for and those
+	// already buffered), claims their keys with one statement, runs the
+	// handler for the new ones in one transaction and commits them with one
+	// commit, then acknowledges each. A failing message is isolated: its
+	// attempt is recorded, it is handed back with Backoff, and the others
+	// commit once (see dedupe.BatchConsumer). Messages at their last
+	// delivery (MaxDeliver) and those without a usable key are handled on
+	// their own, as in per-message mode. Defaults to 1 (per-message mode:
+	// one transaction per message).
+	BatchSize int
 	// MaxPending bounds the messages fetched ahead of the workers (the pull
-	// buffer), so at most Workers+MaxPending messages are in flight in this
-	// runner; they count against the consumer's MaxAckPending. A new pull
-	// request is sent when half of it is free, so a larger buffer costs fewer
-	// pull requests per message. Buffered messages are marked in progress
-	// like running ones, so a long wait in the buffer does not exceed
-	// AckWait. Defaults to max(2×Workers, 64).
+	// buffer), so at most Workers×BatchSize+MaxPending messages are in
+	// flight in this runner; they count against the consumer's
+	// MaxAckPending. A new pull request is sent when half of it is free, so
+	// a larger buffer costs fewer pull requests per message. Buffered
+	// messages are marked in progress like running ones, so a long wait in
+	// the buffer does not exceed AckWait. Defaults to max(2×Workers, 64),
+	// and in batch mode to max(Workers×BatchSize, 64).
 	MaxPending int
 	// PullExpiry is how long one pull request waits for messages. Run waits
 	// for the open request to end when it stops, so that no message the
@@ -173,8 +186,14 @@ func (c Config) withDefaults(inbox *dedupe.Inbox, ci *jetstream.ConsumerInfo) (C
 	if out.Workers == 0 {
 		out.Workers = DefaultWorkers
 	}
+	if out.BatchSize == 0 {
+		out.BatchSize = 1
+	}
 	if out.MaxPending == 0 {
 		out.MaxPending = max(2*out.Workers, DefaultMinPending)
+		if out.BatchSize > 1 {
+			out.MaxPending = max(out.Workers*out.BatchSize, DefaultMinPending)
+		}
 	}
 	if out.Backoff == nil {
 		out.Backoff = dedupe.Backoff{Min: DefaultBackoffBase, Max: DefaultBackoffMax, Jitter: 0.2}.Delay
@@ -208,6 +227,8 @@ func (c Config) withDefaults(inbox *dedupe.Inbox, ci *jetstream.ConsumerInfo) (C
 		return bad("Scope", "is required when the consumer has no name")
 	case out.Workers < 0:
 		return bad("Workers", "must be positive")
+	case out.BatchSize < 0:
+		return bad("BatchSize", "must be positive")
 	case out.MaxPending < 0:
 		return bad("MaxPending", "must be positive")
 	case out.InFlightDelay < 0:

@@ -19,6 +19,7 @@ import (
 type Runner struct {
 	js       jetstream.Consumer
 	consumer *dedupe.Consumer[jetstream.Msg]
+	batch    *dedupe.BatchConsumer[jetstream.Msg] // batch mode (Config.BatchSize > 1), else nil
 	inbox    *dedupe.Inbox
 	cfg      Config
 	beat     *heartbeat
@@ -49,7 +50,7 @@ func New[TTx any](inbox *dedupe.Inbox, cons jetstream.Consumer, cfg Config, h de
 	}
 	keyFn := c.Key
 	desc := describe(consumerName(cons))
-	dc, err := dedupe.NewConsumer(inbox, dedupe.ConsumerConfig[jetstream.Msg]{
+	cc := dedupe.ConsumerConfig[jetstream.Msg]{
 		Scope: c.Scope,
 		Key: func(msg jetstream.Msg) (string, error) {
 			id, err := keyFn(msg)
@@ -63,11 +64,19 @@ func New[TTx any](inbox *dedupe.Inbox, cons jetstream.Consumer, cfg Config, h de
 		LockTimeout: c.LockTimeout,
 		MaxAttempts: c.MaxAttempts,
 		Describe:    desc,
-	}, lastDeliveryHandler(h, c.maxDeliver))
+	}
+	lh := lastDeliveryHandler(h, c.maxDeliver)
+	dc, err := dedupe.NewConsumer(inbox, cc, lh)
 	if err != nil {
 		return nil, err
 	}
-	return &Runner{js: cons, consumer: dc, inbox: inbox, cfg: c, beat: newHeartbeat(c.Heartbeat, c.Logger),
+	var bc *dedupe.BatchConsumer[jetstream.Msg]
+	if c.BatchSize > 1 {
+		if bc, err = dedupe.NewBatchConsumer(inbox, cc, lh); err != nil {
+			return nil, err
+		}
+	}
+	return &Runner{js: cons, consumer: dc, batch: bc, inbox: inbox, cfg: c, beat: newHeartbeat(c.Heartbeat, c.Logger),
 		obs: inbox.Config().Observer, describe: desc}, nil
 }
 
@@ -125,18 +134,22 @@ func (r *Runner) Run(ctx context.Context) error {
 
 	// Every message pulled is held by the heartbeat, so the queue never
 	// holds more than the runner's capacity and a send never blocks.
-	queue := make(chan jetstream.Msg, r.cfg.Workers+r.cfg.MaxPending)
+	queue := make(chan jetstream.Msg, r.capacity())
 	pulled := make(chan struct{})
 	p := phase{stopping: stop.Done(), pulled: pulled}
+	work1 := r.work
+	if r.batch != nil {
+		work1 = r.workBatches
+	}
 	var wg sync.WaitGroup
 	for range r.cfg.Workers {
-		wg.Go(func() { r.work(work, p, queue) })
+		wg.Go(func() { work1(work, p, queue) })
 	}
 	err := r.pull(ctx, queue)
 	stopNow()
 	close(pulled)
 	close(queue)
-	r.work(work, p, queue) // help hand the buffer back
+	work1(work, p, queue) // help hand the buffer back
 	wg.Wait()
 	return err
 }
@@ -154,15 +167,21 @@ func (r *Runner) work(ctx context.Context, p phase, queue <-chan jetstream.Msg) 
 	}
 }
 
+// capacity is how many messages the runner holds at most: what its workers
+// handle (Workers, or Workers batches of BatchSize) and MaxPending more.
+func (r *Runner) capacity() int {
+	return r.cfg.Workers*r.cfg.BatchSize + r.cfg.MaxPending
+}
+
 // pull fetches messages into queue until ctx is cancelled (then it returns
 // nil once the open pull request has ended) or pulling fails for good.
 //
 // It sends one pull request at a time, for as many messages as the runner
-// has room for (Workers + MaxPending, less what it holds) and only once half
-// of MaxPending is free, so a request serves many messages. Each message is
+// has room for (its capacity, less what it holds) and only once half of
+// MaxPending is free, so a request serves many messages. Each message is
 // held by the heartbeat from the moment it arrives.
 func (r *Runner) pull(ctx context.Context, queue chan<- jetstream.Msg) error {
-	capacity := r.cfg.Workers + r.cfg.MaxPending
+	capacity := r.capacity()
 	low := max(1, (r.cfg.MaxPending+1)/2)
 	for failures := 0; ; {
 		free, ok := r.room(ctx, capacity, low)
