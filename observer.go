@@ -223,13 +223,15 @@ const (
 	// joins its ErrDeadLettered when a copy was written).
 	EventTerminated = "terminated"
 	// EventBatchHandled: the Kafka adapter handed a batch of Count messages
-	// of one partition to a BatchConsumer, whose transaction claims them
-	// together. Message is the batch's first message.
+	// of one partition (the NATS adapter in batch mode, Count fetched
+	// messages) to a BatchConsumer, whose transaction claims them together.
+	// Message is the batch's first message.
 	EventBatchHandled = "batch_handled"
 	// EventBatchFallback: a batch did not settle every message (a handler
 	// failed, a key was in flight, the database failed), so the Kafka
 	// adapter handles its unsettled messages, from Message on, one
-	// transaction each, in order. Once per batch; Count is how many
+	// transaction each, in order (the NATS adapter: those of them in
+	// flight or hit by a database error). Once per batch; Count is how many
 	// messages it handles one by one.
 	EventBatchFallback = "batch_fallback"
 	// EventOffsetsCommitted: the Kafka adapter committed the consumer

@@ -80,10 +80,11 @@
 //
 // MaxAckPending. JetStream stops delivering to the consumer while this many
 // messages (1000 by default) are unacknowledged across all its runners. Each
-// Runner holds up to Workers+MaxPending, messages held during a database
-// outage included, so an outage pauses deliveries instead of spending them.
-// Set MaxAckPending to at least the number of runners times
-// (Workers+MaxPending), or some runners idle while others hold full buffers.
+// Runner holds up to Workers+MaxPending (Workers×BatchSize+MaxPending in
+// batch mode), messages held during a database outage included, so an
+// outage pauses deliveries instead of spending them. Set MaxAckPending to at
+// least the number of runners times that, or some runners idle while others
+// hold full buffers.
 //
 // The pull buffer (Config.MaxPending, default max(2×Workers, 64)). The Runner
 // sends one pull request at a time, for the room it has, once half of
