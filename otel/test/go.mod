@@ -23,14 +23,17 @@ require (
 	github.com/exactlyonce/dedupe/adapters/kafka v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/adapters/nats v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/adapters/rabbitmq v0.0.0-00010101000000-000000000000
+	github.com/exactlyonce/dedupe/adapters/redis v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/internal/amqptest v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/internal/kafkatest v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/internal/natstest v0.0.0-00010101000000-000000000000
+	github.com/exactlyonce/dedupe/internal/redistest v0.0.0-00010101000000-000000000000
 	github.com/exactlyonce/dedupe/otel v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/nats-io/nats.go v1.56.0
 	github.com/nats-io/nuid v1.0.1
 	github.com/rabbitmq/amqp091-go v1.17.0
+	github.com/redis/go-redis/v9 v9.23.0
 	github.com/segmentio/kafka-go v0.4.51
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
 	go.opentelemetry.io/otel v1.47.0
@@ -60,9 +63,14 @@ require (
 	go.opentelemetry.io/otel/log v1.47.0 // indirect
 	go.opentelemetry.io/otel/metric v1.47.0 // indirect
 	go.opentelemetry.io/otel/sdk/metric v1.47.0 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
 )
+
+replace github.com/exactlyonce/dedupe/adapters/redis => ../../adapters/redis
+
+replace github.com/exactlyonce/dedupe/internal/redistest => ../../internal/redistest
