@@ -11,7 +11,7 @@
 // adapters (dedupenats.NewOutboxPublisher, dedupekafka.NewOutboxPublisher); any other
 // broker is a Publisher or a PublishFunc.
 //
-//	ob, err := outbox.New(pool, outbox.Config{})
+//	ob, err := outbox.New(pool, outbox.Config{}) // or outbox.NewFor(inbox, ...): its pool and settings
 //	...
 //	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 //		// ... the service's own writes in tx ...

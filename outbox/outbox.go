@@ -170,6 +170,32 @@ func New(db dedupe.DB, cfg Config) (*Outbox, error) {
 	return &Outbox{db: db, drv: drv, cfg: c, table: table, q: newOutboxQueries(table), lockSeed: int64(h.Sum64())}, nil
 }
 
+// NewFor returns the outbox beside inbox, in one place with it: on the
+// inbox's DB, and with the settings an inbox and an outbox share taken from
+// the inbox's Config wherever cfg leaves them zero: Schema, Clock, Logger,
+// and Observer when the inbox's Observer implements this package's
+// Observer too (as dedupeotel's does). Set them once, on the inbox; a field
+// set in cfg wins. Table is the outbox's own (defaults to "dedupe_outbox").
+func NewFor(inbox *dedupe.Inbox, cfg Config) (*Outbox, error) {
+	if inbox == nil {
+		return nil, &dedupe.ConfigError{Field: "inbox", Reason: "must not be nil"}
+	}
+	ic := inbox.Config()
+	if cfg.Schema == "" {
+		cfg.Schema = ic.Schema
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = ic.Clock
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = ic.Logger
+	}
+	if o, ok := ic.Observer.(Observer); ok && cfg.Observer == nil {
+		cfg.Observer = o
+	}
+	return New(inbox.DB(), cfg)
+}
+
 // Config returns the outbox's configuration with defaults filled in.
 func (o *Outbox) Config() Config { return o.cfg }
 
