@@ -96,8 +96,12 @@
 // it holds the message and keeps trying, and Run does not return until it
 // succeeds. MaxAttempts is capped at L+1, so the inbox's attempt limit
 // decides whenever the queue's deliveries were not spent on something else.
-// What it cannot defend is a process killed (or a connection lost) with a
-// message at its last delivery: give the queue a dead-letter exchange so the
+// A connection lost with a message at its last delivery makes the broker
+// drop it: one the runner already took (in a handler, or waiting for a
+// worker) is still handled from its in-memory copy, since nothing will
+// deliver it again. What it cannot defend is a process killed with one, or
+// one still in the client library's prefetch buffer when the connection
+// died: give the queue a dead-letter exchange so the
 // broker's own drop is a copy, and an x-delivery-limit well above
 // MaxAttempts (or none: classic queues and 3.10's quorum queues have none by
 // default), so that the inbox's limit is the one that decides. RabbitMQ 4.0

@@ -13,9 +13,11 @@ import (
 // package documentation). ctx is the handlers' context (cancelled
 // DrainTimeout after a stop); stopping is closed once the run stops.
 func (r *Runner) handle(ctx context.Context, stopping <-chan struct{}, d *delivery) {
-	if d.sess.isDead() {
+	if d.sess.isDead() && !d.last {
 		return // the broker requeued it with its channel
 	}
+	// At its last delivery a dead channel made the broker drop it (or
+	// dead-letter it): the runner holds its only copy, and handles it.
 	if isClosed(stopping) && !d.last {
 		r.handBack(ctx, d)
 		return

@@ -214,9 +214,15 @@ func (r *Runner) serve(ctx context.Context, s *session, queue chan<- *delivery) 
 				}
 			}
 			d := r.newDelivery(s, m)
+			dead := s.dead
+			if d.last {
+				// The broker drops it with a dead channel: never let go of
+				// it unhandled (handle keeps going at the last delivery).
+				dead = nil
+			}
 			select {
 			case queue <- d:
-			case <-s.dead:
+			case <-dead:
 			case <-ctx.Done():
 				r.handBack(ctx, d)
 			}
