@@ -281,9 +281,14 @@ func TestShutdownDrainsInFlightAndHandsBackTheRest(t *testing.T) {
 	}
 	stop := run(t, r)
 	<-started
+	waitFor(t, 20*time.Second, "all five delivered to the runner", func() bool { return amqptest.Count(t, b.conn, b.queue) == 0 })
 	stopped := make(chan error, 1)
 	go func() { stopped <- stop() }()
-	time.Sleep(100 * time.Millisecond) // the stop is under way; the handler still runs
+	// The stop is under way (paced by progress, not a sleep): the four
+	// deliveries not started are back in the queue while the handler still
+	// runs. A sleep here let the worker, on a loaded machine, start a
+	// second delivery before the stop was seen.
+	waitFor(t, 20*time.Second, "the four not started handed back", func() bool { return amqptest.Count(t, b.conn, b.queue) == 4 })
 	close(release)
 	if err := <-stopped; err != nil {
 		t.Fatal(err)
