@@ -116,6 +116,16 @@ var comparisons = []comparison{
 		hand: side{name: "hand-written JetStream consumer", drain: (*bench).natsHand},
 	},
 	{
+		name: "dedupenats.Runner, batches of 100", section: sectionTransport, unit: perTx, ceiling: 15000,
+		lib:  side{name: "dedupenats.Runner, batches of 100", drain: (*bench).natsRunnerBatch},
+		hand: side{name: "hand-written JetStream consumer", drain: (*bench).natsHand},
+	},
+	{
+		name: "dedupenats.Runner, batches of 100, vs batch consumer", section: sectionTransport, unit: perTx, ceiling: 15000,
+		lib:  side{name: "dedupenats.Runner, batches of 100", drain: (*bench).natsRunnerBatch},
+		hand: side{name: "hand-written JetStream batch consumer", drain: (*bench).natsHandBatch},
+	},
+	{
 		name: "dedupekafka.Runner", section: sectionTransport, unit: perTx, ceiling: 10000,
 		lib:  side{name: "dedupekafka.Runner", drain: (*bench).kafkaRunner},
 		hand: side{name: "hand-written kafka-go consumer", drain: (*bench).kafkaHand},

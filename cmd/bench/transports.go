@@ -12,6 +12,7 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
+	"github.com/exactlyonce/dedupe/internal/pgerr"
 )
 
 // idHeader carries the business key of the transports' messages.
@@ -122,10 +123,24 @@ func (b *bench) natsHand(ctx context.Context, w int, sp span) (*sample, error) {
 	return s, b.checkEffects(ctx)
 }
 
+// natsBatch is the batch size of the batch-mode rows.
+const natsBatch = 100
+
 // natsRunner drains the same backlog with dedupenats.Runner (DoubleAck, its
 // default). Latency: the handling, from the claim's BEGIN to a successful
 // COMMIT, timed by the inbox's Observer (window.observed).
 func (b *bench) natsRunner(ctx context.Context, w int, sp span) (*sample, error) {
+	return b.natsRunnerSized(ctx, w, sp, 1)
+}
+
+// natsRunnerBatch is natsRunner in batch mode, natsBatch messages per
+// transaction.
+func (b *bench) natsRunnerBatch(ctx context.Context, w int, sp span) (*sample, error) {
+	return b.natsRunnerSized(ctx, w, sp, natsBatch)
+}
+
+// natsRunnerSized is natsRunner with Config.BatchSize batch.
+func (b *bench) natsRunnerSized(ctx context.Context, w int, sp span, batch int) (*sample, error) {
 	if err := b.reset(ctx, b.run); err != nil {
 		return nil, err
 	}
@@ -143,6 +158,7 @@ func (b *bench) natsRunner(ctx context.Context, w int, sp span) (*sample, error)
 		Scope:      benchScope,
 		Key:        dedupenats.HeaderKey(idHeader),
 		Workers:    w,
+		BatchSize:  batch,
 		PullExpiry: time.Second, // a prompt stop after the window; a backlog fills every pull at once
 	}, func(ctx context.Context, tx pgx.Tx, _ jetstream.Msg) error {
 		_, err := tx.Exec(ctx, sqlEffect, dedupe.ClaimFromContext(ctx).Key.ID, body)
@@ -163,4 +179,121 @@ func (b *bench) natsRunner(ctx context.Context, w int, sp span) (*sample, error)
 		return nil, err
 	}
 	return s, b.checkEffects(ctx)
+}
+
+// natsHandBatch is the hand-written batch JetStream consumer doing the
+// runner's batch-mode work: one pull iterator with the runner's read-ahead
+// in batch mode (max(workers×natsBatch, 64)) feeding w workers; each takes
+// the message it waited for and what else is buffered, up to natsBatch,
+// claims their keys with one statement, writes each new message's effect
+// with a statement of its own (as the runner's per-message handler does),
+// commits, then DoubleAcks each message. Latency: the transaction.
+func (b *bench) natsHandBatch(ctx context.Context, w int, sp span) (*sample, error) {
+	if err := b.reset(ctx, b.run); err != nil {
+		return nil, err
+	}
+	cons, cleanup, err := b.natsStream(ctx, sp.backlog)
+	if err != nil {
+		return nil, err
+	}
+	defer cleanup()
+	it, err := cons.Messages(jetstream.PullMaxMessages(max(w*natsBatch, 64)))
+	if err != nil {
+		return nil, err
+	}
+	win := newWindow(sp)
+	msgs := make(chan jetstream.Msg, max(w*natsBatch, 64))
+	rctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer close(msgs)
+		for {
+			m, err := it.Next()
+			if err != nil {
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-rctx.Done():
+				return
+			}
+		}
+	})
+	for range w {
+		wg.Go(func() {
+			batch := make([]jetstream.Msg, 0, natsBatch)
+			ids := make([]string, 0, natsBatch)
+			for m := range msgs {
+				batch, ids = append(batch[:0], m), ids[:0]
+			fill:
+				for len(batch) < natsBatch {
+					select {
+					case m, ok := <-msgs:
+						if !ok {
+							break fill
+						}
+						batch = append(batch, m)
+					default:
+						break fill
+					}
+				}
+				for _, m := range batch {
+					ids = append(ids, m.Headers().Get(idHeader))
+				}
+				t0 := time.Now()
+				if err := b.handClaimEffectsTx(rctx, ids); err != nil {
+					if rctx.Err() == nil {
+						win.fail(err)
+					}
+					for _, m := range batch {
+						_ = m.Nak()
+					}
+					continue
+				}
+				win.lat.add(time.Since(t0))
+				win.add(int64(len(batch))) // committed, counted as the runner's are
+				for _, m := range batch {
+					if err := m.DoubleAck(rctx); err != nil && rctx.Err() == nil {
+						win.fail(err)
+					}
+				}
+			}
+		})
+	}
+	s, err := win.measure(ctx, b.meter, b.opts.warmup)
+	stop()
+	it.Stop()
+	wg.Wait()
+	if err != nil {
+		return nil, err
+	}
+	return s, b.checkEffects(ctx)
+}
+
+// handClaimEffectsTx is the hand-written batch transaction: one statement
+// claims ids, then each claimed one's effect is written on its own, and
+// one commit. A deadlock or serialization failure runs it again.
+func (b *bench) handClaimEffectsTx(ctx context.Context, ids []string) error {
+	for try := 1; ; try++ {
+		now := time.Now()
+		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, sqlHandClaimBatch, benchScope, ids, now, now.Add(dedupe.DefaultRetention))
+			if err != nil {
+				return err
+			}
+			claimed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				return err
+			}
+			for _, id := range claimed {
+				if _, err := tx.Exec(ctx, sqlEffect, id, body); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if code, ok := pgerr.SQLState(err); !ok || (code != "40001" && code != "40P01") || try == handRetries {
+			return err
+		}
+	}
 }
