@@ -16,7 +16,7 @@ func TestMain(m *testing.M) { dbtest.VerifyTestMain(m) }
 
 // tinyArgs are settings that run the whole program in seconds.
 func tinyArgs(t *testing.T, more ...string) []string {
-	return append([]string{"-dsn", dbtest.BaseURL(t), "-duration", "120ms", "-warmup", "30ms", "-rounds", "2",
+	return append([]string{"-database-url", dbtest.BaseURL(t), "-duration", "120ms", "-warmup", "30ms", "-rounds", "2",
 		"-workers", "1,2", "-batch", "10", "-probe-ops", "30", "-dup-keys", "200", "-inbox-rows", "2000",
 		"-size-workers", "2", "-purge-rows", "3000", "-timeout", "5m", "-markdown"}, more...)
 }
@@ -169,8 +169,9 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-workers", "0"}, {"-workers", "x"}, {"-duration", "0"}, {"-batch", "0"}, {"-inbox-rows", "-5"},
 		{"-rounds", "0"}, {"-rounds", "1"}, {"-rounds", "5"}, {"-probe-ops", "0"}, {"-purge-rows", "x"}, {"-timeout", "0"}, {"stray"},
-		{"-dsn", "postgres://postgres@db.example.com:5432/test"},
-		{"-dsn", "postgres://postgres@10.0.0.7:5432/test"},
+		{"-database-url", "postgres://postgres@db.example.com:5432/test"},
+		{"-database-url", "postgres://postgres@10.0.0.7:5432/test"},
+		{"-dsn", "postgres://postgres@10.0.0.7:5432/test"}, // the deprecated name, still read
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run(context.Background(), args, &stdout, &stderr); code != 2 {

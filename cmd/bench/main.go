@@ -23,7 +23,7 @@
 // retention purge of -purge-rows expired keys costs, alone and while
 // consumers run.
 //
-// It works in a private schema of a database on this machine (-dsn, else
+// It works in a private schema of a database on this machine (-database-url, else
 // DATABASE_URL, else postgres://postgres@127.0.0.1:5432/test; a remote host
 // is refused), which it drops at the end, and stops by itself: every run is
 // time-boxed, and the whole run fails after -timeout.

@@ -44,7 +44,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var workers, rows, purgeRows, only string
-	fs.StringVar(&o.dsn, "dsn", "", "PostgreSQL on this machine (loopback or a Unix socket; defaults to $DATABASE_URL, else "+scratch.LocalDSN+")")
+	fs.StringVar(&o.dsn, "database-url", "", "PostgreSQL on this machine (loopback or a Unix socket; defaults to $DATABASE_URL, else "+scratch.LocalDSN+")")
+	fs.StringVar(&o.dsn, "dsn", "", "deprecated: the old name of -database-url, still accepted")
 	fs.StringVar(&workers, "workers", "1,8,32", "comma-separated worker counts (JetStream workers, Kafka partitions, relays in the transport rows)")
 	fs.DurationVar(&o.duration, "duration", 2*time.Second, "measured time of each side in each round (two windows of half of it)")
 	fs.DurationVar(&o.warmup, "warmup", 200*time.Millisecond, "unmeasured warm-up before each measured run")
@@ -141,7 +142,7 @@ func counts(flagName, s string, least float64) ([]int64, error) {
 func loopbackOnly(dsn string) error {
 	cfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {
-		return fmt.Errorf("-dsn: %w", err)
+		return fmt.Errorf("-database-url: %w", err)
 	}
 	hosts := []string{cfg.Host}
 	for _, f := range cfg.Fallbacks {
@@ -149,7 +150,7 @@ func loopbackOnly(dsn string) error {
 	}
 	for _, h := range hosts {
 		if !isLoopback(h) {
-			return fmt.Errorf("-dsn: host %q is not this machine: the benchmark only targets a server on loopback or a Unix socket", h)
+			return fmt.Errorf("-database-url: host %q is not this machine: the benchmark only targets a server on loopback or a Unix socket", h)
 		}
 	}
 	return nil

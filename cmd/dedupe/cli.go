@@ -27,7 +27,7 @@ type globals struct {
 }
 
 func (g *globals) register(fs *flag.FlagSet) {
-	fs.StringVar(&g.databaseURL, "database-url", "", "PostgreSQL connection `URL`. Defaults to $DATABASE_URL.")
+	fs.StringVar(&g.databaseURL, "database-url", "", "PostgreSQL connection `URL`. Defaults to $DATABASE_URL, else "+localURL+".")
 	fs.StringVar(&g.schema, "schema", "", "`schema` of the inbox table. Defaults to the connection's search_path.")
 	fs.StringVar(&g.table, "table", "", "inbox `table` name. Defaults to "+dedupe.DefaultTable+".")
 	fs.StringVar(&g.outboxTable, "outbox-table", "", "transactional outbox `table` name (migrate, stats, outbox). Defaults to "+dedupe.DefaultOutboxTable+".")
@@ -137,9 +137,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	c.g = g.merge(sub)
-	if c.g.databaseURL == "" {
-		c.g.databaseURL = os.Getenv("DATABASE_URL")
-	}
+	c.g.databaseURL = databaseURL(c.g.databaseURL, os.Getenv)
 	level := slog.LevelWarn
 	if c.g.verbose {
 		level = slog.LevelDebug
@@ -217,9 +215,6 @@ const poolMaxConns = 2
 // connect opens a small pool and an Inbox over it with cfg plus the global
 // schema and table. The caller closes the pool.
 func (c *cli) connect(ctx context.Context, cfg dedupe.Config) (*pgxpool.Pool, *dedupe.Inbox, error) {
-	if c.g.databaseURL == "" {
-		return nil, nil, &usageError{msg: errNoDatabase.Error()}
-	}
 	pcfg, err := pgxpool.ParseConfig(c.g.databaseURL)
 	if err != nil {
 		// The parse error may quote the URL with its password; do not echo it.
@@ -260,4 +255,21 @@ func noArgs(args []string) error {
 		return usagef("unexpected argument %q", args[0])
 	}
 	return nil
+}
+
+// localURL is the database used when neither --database-url nor
+// DATABASE_URL names one: a local server with trust authentication and a
+// database named test, the fallback of every example and command of the
+// repository.
+const localURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// databaseURL is the URL the flag gives, else DATABASE_URL, else localURL.
+func databaseURL(flagValue string, getenv func(string) string) string {
+	if flagValue != "" {
+		return flagValue
+	}
+	if u := getenv("DATABASE_URL"); u != "" {
+		return u
+	}
+	return localURL
 }

@@ -18,7 +18,8 @@
 //
 // Global flags, accepted before or after the command name:
 //
-//	--database-url URL  PostgreSQL connection URL. Defaults to $DATABASE_URL.
+//	--database-url URL  PostgreSQL connection URL. Defaults to $DATABASE_URL, else
+//	                    postgres://postgres@127.0.0.1:5432/test?sslmode=disable.
 //	--schema S          schema of the inbox table. Defaults to the connection's search_path.
 //	--table T           inbox table name. Defaults to dedupe_inbox.
 //	--outbox-table T    transactional outbox table (migrate, stats, outbox). Defaults to dedupe_outbox.

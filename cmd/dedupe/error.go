@@ -8,9 +8,6 @@ import (
 	"github.com/exactlyonce/dedupe"
 )
 
-// errNoDatabase: neither --database-url nor DATABASE_URL was given.
-var errNoDatabase = errors.New("no database: pass --database-url or set DATABASE_URL")
-
 // usageError is a mistake in the command line; it exits with exitUsage.
 type usageError struct{ msg string }
 

@@ -303,16 +303,28 @@ func TestUsageAndHelp(t *testing.T) {
 	}
 }
 
-// TestNoDatabaseURL cannot run in parallel: it clears DATABASE_URL.
-func TestNoDatabaseURL(t *testing.T) {
-	t.Setenv("DATABASE_URL", "")
-	var out, errb dbtest.Buffer
-	code := run(context.Background(), []string{"stats"}, &out, &errb)
-	if code != exitUsage || !strings.Contains(errb.String(), "DATABASE_URL") {
-		t.Fatalf("stats without a database = %d\n%s", code, errb.String())
+// TestDatabaseURLFallback: --database-url, else DATABASE_URL, else the
+// local server every example falls back to.
+func TestDatabaseURLFallback(t *testing.T) {
+	env := map[string]string{}
+	getenv := func(k string) string { return env[k] }
+	if got := databaseURL("", getenv); got != "postgres://postgres@127.0.0.1:5432/test?sslmode=disable" {
+		t.Errorf("no flag, no DATABASE_URL: %q", got)
 	}
+	env["DATABASE_URL"] = "postgres://a@b/c"
+	if got := databaseURL("", getenv); got != "postgres://a@b/c" {
+		t.Errorf("DATABASE_URL: %q", got)
+	}
+	if got := databaseURL("postgres://d@e/f", getenv); got != "postgres://d@e/f" {
+		t.Errorf("flag: %q", got)
+	}
+}
+
+// TestNoDatabaseURL cannot run in parallel: it sets DATABASE_URL.
+func TestNoDatabaseURL(t *testing.T) {
+	var out, errb dbtest.Buffer
 	t.Setenv("DATABASE_URL", "postgres://u:secret@127.0.0.1:1/x?connect_timeout=1&sslmode=bogus")
-	code = run(context.Background(), []string{"stats"}, &out, &errb)
+	code := run(context.Background(), []string{"stats"}, &out, &errb)
 	if code != exitUsage || strings.Contains(errb.String(), "secret") {
 		t.Fatalf("bad URL = %d, must not echo the password\n%s", code, errb.String())
 	}

@@ -54,7 +54,7 @@
 // is not there, or not committed whose effect is: a lost COMMIT reply taken
 // for a rollback) and unknown_outcomes. It exits 1 when any audit fails, 2
 // when it cannot run. It works in
-// a private schema of the database it is given (-dsn, else DATABASE_URL,
+// a private schema of the database it is given (-database-url, else DATABASE_URL,
 // else postgres://postgres@127.0.0.1:5432/test), which it drops at the end.
 //
 // Usage:

@@ -56,7 +56,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&transports, "transports", strings.Join(defaultTransports(), ","),
 		"comma-separated transports to soak, of: "+strings.Join(knownTransports(), ", "))
 	fs.IntVar(&o.workers, "workers", 4, "concurrent in-process consumers per transport")
-	fs.StringVar(&o.dsn, "dsn", "", "PostgreSQL connection string (defaults to $DATABASE_URL, else "+scratch.LocalDSN+")")
+	fs.StringVar(&o.dsn, "database-url", "", "PostgreSQL connection URL (defaults to $DATABASE_URL, else "+scratch.LocalDSN+")")
+	fs.StringVar(&o.dsn, "dsn", "", "deprecated: the old name of -database-url, still accepted")
 	fs.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "random seed (printed, so a failing run can be repeated)")
 	fs.Float64Var(&o.rates[faultError], "error-rate", 0.03, "probability that a handler returns an error after writing its effect")
 	fs.Float64Var(&o.rates[faultPanic], "panic-rate", 0.01, "probability that a handler panics after writing its effect")

@@ -55,7 +55,7 @@ func atoi(t *testing.T, m map[string]string, k string) int {
 func runSoak(t *testing.T, args ...string) (int, map[string]map[string]string, *keptRun) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	args = append([]string{"-dsn", dbtest.BaseURL(t), "-keep"}, args...)
+	args = append([]string{"-database-url", dbtest.BaseURL(t), "-keep"}, args...)
 	code := run(context.Background(), args, &stdout, &stderr)
 	t.Logf("soak %s\n%s%s", strings.Join(args[3:], " "), stderr.String(), stdout.String())
 	var k *keptRun
@@ -427,7 +427,7 @@ func TestSoakCatchesNaiveConsumer(t *testing.T) {
 func TestSoakReportLineFormat(t *testing.T) {
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
-	code := run(context.Background(), []string{"-dsn", dbtest.BaseURL(t), "-n", "50", "-transports", "handle",
+	code := run(context.Background(), []string{"-database-url", dbtest.BaseURL(t), "-n", "50", "-transports", "handle",
 		"-kills", "0", "-terminate-every", "0"}, &stdout, &stderr)
 	if code != exitOK {
 		t.Fatalf("exit code = %d: %s", code, stderr.String())
@@ -469,7 +469,7 @@ func TestSoakRefusesBadFlags(t *testing.T) {
 func TestAuditCountsEveryMismatch(t *testing.T) {
 	t.Parallel()
 	var stderr bytes.Buffer
-	opts, err := parseOptions([]string{"-dsn", dbtest.BaseURL(t), "-n", "5", "-dup", "0", "-poison", "0", "-keyless", "0",
+	opts, err := parseOptions([]string{"-database-url", dbtest.BaseURL(t), "-n", "5", "-dup", "0", "-poison", "0", "-keyless", "0",
 		"-transports", "handle"}, &stderr)
 	if err != nil {
 		t.Fatal(err)
@@ -515,7 +515,7 @@ VALUES ($1, 'm-000002', 'in_flight', 1, 1, now() - interval '1 minute', now(), n
 func TestAuditThreeEndStates(t *testing.T) {
 	t.Parallel()
 	var stderr bytes.Buffer
-	opts, err := parseOptions([]string{"-dsn", dbtest.BaseURL(t), "-n", "10", "-dup", "0", "-poison", "0", "-keyless", "0",
+	opts, err := parseOptions([]string{"-database-url", dbtest.BaseURL(t), "-n", "10", "-dup", "0", "-poison", "0", "-keyless", "0",
 		"-transports", "poison"}, &stderr)
 	if err != nil {
 		t.Fatal(err)
@@ -621,7 +621,7 @@ VALUES ($1, $2, 'failed', $3, 1, now(), now(), now() + interval '1 day')`, p.sco
 func TestAuditCatchesMisreportedOutcome(t *testing.T) {
 	t.Parallel()
 	var stderr bytes.Buffer
-	opts, err := parseOptions([]string{"-dsn", dbtest.BaseURL(t), "-n", "4", "-dup", "0", "-poison", "0", "-keyless", "0",
+	opts, err := parseOptions([]string{"-database-url", dbtest.BaseURL(t), "-n", "4", "-dup", "0", "-poison", "0", "-keyless", "0",
 		"-transports", "handle"}, &stderr)
 	if err != nil {
 		t.Fatal(err)
@@ -684,6 +684,22 @@ func TestOutboxFeedSize(t *testing.T) {
 			t.Errorf("%v: %d inputs per transaction commit with probability %.3f, want at least 0.5", args, n, p)
 		case p >= 0.5 && n < outboxFeedMax && math.Pow((1-cut)*(1-lost), float64(n+2))*(1-cut)*(1-commitLost) >= 0.5:
 			t.Errorf("%v: %d inputs per transaction, but one more would commit at least half the time too", args, n)
+		}
+	}
+}
+
+// TestDatabaseFlagNames: -database-url is the database flag, as in every
+// command of the repository; -dsn, its old name, still sets it.
+func TestDatabaseFlagNames(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"-database-url", "-dsn"} {
+		var stderr bytes.Buffer
+		opts, err := parseOptions([]string{name, "postgres://postgres@127.0.0.1:5432/other", "-n", "5"}, &stderr)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", name, err, stderr.String())
+		}
+		if opts.dsn != "postgres://postgres@127.0.0.1:5432/other" {
+			t.Errorf("%s set the database to %q", name, opts.dsn)
 		}
 	}
 }

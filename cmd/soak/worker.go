@@ -149,7 +149,7 @@ func startWorker(e *env, args []string) (*exec.Cmd, io.WriteCloser, io.ReadClose
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	cmd := exec.Command(exe, append([]string{"-dsn", e.dsn, "-schema", e.soak.schema, "-transport", e.name,
+	cmd := exec.Command(exe, append([]string{"-database-url", e.dsn, "-schema", e.soak.schema, "-transport", e.name,
 		"-app", e.app, "-lease", o.lease.String(), "-starved-lease", o.starvedLease.String(),
 		"-starved-conns", strconv.Itoa(o.starvedConns), "-slow", o.slow.String(),
 		"-max-attempts", strconv.Itoa(o.maxAttempts), "-poison-attempts", strconv.Itoa(o.poisonAttempts)}, args...)...)
@@ -176,7 +176,8 @@ func workerMain(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	fs.SetOutput(stderr)
 	o := &options{}
 	var schema, name, app string
-	fs.StringVar(&o.dsn, "dsn", scratch.LocalDSN, "PostgreSQL connection string")
+	fs.StringVar(&o.dsn, "database-url", scratch.LocalDSN, "PostgreSQL connection URL")
+	fs.StringVar(&o.dsn, "dsn", scratch.LocalDSN, "deprecated: the old name of -database-url, still accepted")
 	fs.StringVar(&schema, "schema", "", "the soak's schema")
 	fs.StringVar(&name, "transport", "handle", "the transport whose processor to run")
 	fs.StringVar(&app, "app", "dedupe-soak-worker", "application_name of the connections")

@@ -16,7 +16,33 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/dedupe"
+	"github.com/exactlyonce/dedupe/examples/exampledb"
 )
+
+// usage prints what the worker reads from its environment, then its flags.
+func usage(fs *flag.FlagSet) {
+	fmt.Fprintf(fs.Output(), `Usage: airflow-worker [flags]
+
+Run as an Airflow task (BashOperator, append_env=True): it credits -account
+once per logical task run, whatever the number of tries. The run is read
+from the variables Airflow sets for the task:
+
+  AIRFLOW_CTX_DAG_ID, AIRFLOW_CTX_TASK_ID, AIRFLOW_CTX_DAG_RUN_ID
+      the run's key, dag_id/task_id/run_id (required)
+  AIRFLOW_CTX_TRY_NUMBER
+      logged and stored, never part of the key: it changes on every retry
+  AIRFLOW_CTX_LOGICAL_DATE (Airflow 3), AIRFLOW_CTX_EXECUTION_DATE (Airflow 2)
+      stored with the credit
+  DATABASE_URL
+      PostgreSQL, unless -database-url (else `+exampledb.LocalURL+`)
+
+Exit codes: 0 written by this try or an earlier one; 1 failed, nothing
+written (Airflow retries); 2 no Airflow context or bad flags.
+
+Flags:
+`)
+	fs.PrintDefaults()
+}
 
 // Exit codes. Airflow retries a task that exits non-zero.
 const (
@@ -38,12 +64,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs := flag.NewFlagSet("airflow-worker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		cfg         workerConfig
-		databaseURL string
-		mapIndex    int
-		timeout     time.Duration
+		cfg      workerConfig
+		mapIndex int
+		timeout  time.Duration
 	)
-	fs.StringVar(&databaseURL, "database-url", "", "PostgreSQL connection URL. Defaults to $DATABASE_URL.")
+	fs.Usage = func() { usage(fs) }
+	databaseURL := exampledb.Flag(fs, getenv)
 	fs.StringVar(&cfg.scope, "scope", "airflow-worker", "inbox scope of this worker's keys.")
 	fs.IntVar(&mapIndex, "map-index", -1, "map index of a mapped task (pass {{ ti.map_index }}); -1 when the task is not mapped.")
 	fs.StringVar(&cfg.account, "account", "payouts", "account credited once per run.")
@@ -57,13 +83,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return exitUsage
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	if databaseURL == "" {
-		databaseURL = getenv("DATABASE_URL")
-	}
-	if databaseURL == "" {
-		log.Error("no database: pass -database-url or set DATABASE_URL")
-		return exitUsage
-	}
 	tr, err := taskRunFromEnv(getenv, mapIndex)
 	if err != nil {
 		log.Error("cannot identify the task run", "err", err)
@@ -73,7 +92,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	pool, err := connect(ctx, databaseURL)
+	pool, err := connect(ctx, *databaseURL)
 	if err != nil {
 		log.Error("connect", "err", err)
 		return exitUsage

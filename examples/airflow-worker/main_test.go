@@ -225,3 +225,19 @@ func TestKeyNamesTheRunNotTheTry(t *testing.T) {
 		t.Fatalf("long key %q (%d bytes)", k, len(k))
 	}
 }
+
+// TestHelp: -h lists the Airflow variables the worker reads, the database
+// fallback and the exit codes, and exits 0.
+func TestHelp(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"-h"}, func(string) string { return "" }, &out, &errb)
+	if code != exitOK {
+		t.Fatalf("-h = %d", code)
+	}
+	for _, want := range []string{envDagID, envTaskID, envRunID, envTry, envLogical, envExecDate, "DATABASE_URL",
+		"postgres://postgres@127.0.0.1:5432/test", "-database-url", "Exit codes"} {
+		if !strings.Contains(errb.String(), want) {
+			t.Errorf("-h does not mention %s:\n%s", want, errb.String())
+		}
+	}
+}

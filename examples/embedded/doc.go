@@ -1,14 +1,13 @@
-// Package embedded runs the brokers the examples talk to inside the
-// example's own process, so that every example runs with no broker
-// installed: a NATS server with JetStream (nats-server, the real server) and
-// a Kafka-protocol broker (franz-go's kfake, a real implementation of the
-// wire protocol that keeps its log in memory).
+// Package embedded runs a NATS server with JetStream (nats-server, the real
+// server) inside an example's own process, so that the NATS examples and the
+// quickstart run with no broker installed. The Kafka example's in-process
+// broker is package embeddedkafka, apart, so that a NATS program does not
+// compile it.
 //
-// The examples start them only when asked (their -embedded flag); by default
-// they connect to the broker at the address they are given. Neither embedded
-// broker is meant for production: the NATS server stores its streams in a
-// temporary directory removed by Close, and kfake keeps everything in
-// memory.
+// The examples start it only when asked (their -embedded flag; the
+// quickstart always); by default they connect to the broker at the address
+// they are given. It is not meant for production: the server stores its
+// streams in a temporary directory removed by Close.
 //
 // The package is an ordinary public package (it does not import testing),
 // so a program copied from an example keeps building.

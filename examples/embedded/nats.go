@@ -11,6 +11,11 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 )
 
+// ServerName is the name of the servers NATS starts, as clients see it
+// (nats.Conn.ConnectedServerName): a program can tell the example's own
+// server from another one listening on the same address.
+const ServerName = "dedupe-examples-embedded"
+
 // NATSServer is a NATS server with JetStream running in this process.
 type NATSServer struct {
 	srv *server.Server
@@ -44,12 +49,13 @@ func NATS(addr string) (*NATSServer, error) {
 		return nil, fmt.Errorf("embedded NATS: %w", err)
 	}
 	srv, err := server.NewServer(&server.Options{
-		Host:      host,
-		Port:      port,
-		JetStream: true,
-		StoreDir:  dir,
-		NoLog:     true,
-		NoSigs:    true,
+		ServerName: ServerName,
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   dir,
+		NoLog:      true,
+		NoSigs:     true,
 	})
 	if err != nil {
 		_ = os.RemoveAll(dir)

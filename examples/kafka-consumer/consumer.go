@@ -15,7 +15,7 @@ import (
 	"github.com/exactlyonce/dedupe"
 	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
 	"github.com/exactlyonce/dedupe/examples/counter"
-	"github.com/exactlyonce/dedupe/examples/embedded"
+	"github.com/exactlyonce/dedupe/examples/embeddedkafka"
 )
 
 // embeddedPartitions is the number of partitions of the topics of the
@@ -112,7 +112,7 @@ func run(ctx context.Context, cfg config) error {
 		if cfg.DLQTopic != "" {
 			topics = append(topics, cfg.DLQTopic)
 		}
-		broker, err := embedded.Kafka(cfg.Brokers[0], embeddedPartitions, topics...)
+		broker, err := embeddedkafka.Start(cfg.Brokers[0], embeddedPartitions, topics...)
 		if err != nil {
 			return fmt.Errorf("%w (is a Kafka broker already listening there? then drop -embedded, or set KAFKA_BROKERS to a free address)", err)
 		}

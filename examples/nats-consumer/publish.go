@@ -13,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/exactlyonce/dedupe/examples/embedded"
 )
 
 // publishSubject is where -publish sends orders; the default NATS_SUBJECTS
@@ -23,11 +25,26 @@ const publishSubject = "orders.created"
 // the acknowledgement.
 const publishPoll = 50 * time.Millisecond
 
+// foreignGrace is how long publishOrder waits for the stream or the durable
+// on a server that is not an embedded one of the examples: a consumer
+// creates both as soon as it has connected, so a server that has had
+// neither for this long is not the one a consumer uses (say, another NATS
+// server already on 4222, which kept "nats-consumer -embedded" from
+// starting). On the example's own embedded server it waits up to -timeout.
+const foreignGrace = 3 * time.Second
+
+// errForeignServer: the NATS server publishOrder reached has no stream or
+// durable for it, and is not the embedded server of nats-consumer.
+var errForeignServer = errors.New("no nats-consumer uses this NATS server")
+
 // publishOrder publishes one order to the stream, its id in the KEY_HEADER
 // header, and waits until the durable's acknowledgement floor passes it: a
 // consumer committed its shipment (or found it a duplicate) and acked. It
 // waits for the server and the stream too, which a consumer started just
-// before creates, all within timeout.
+// before creates, all within timeout; on a server other than the examples'
+// embedded one it waits for the stream and the durable foreignGrace at
+// most. It says whether the order was new or a duplicate, from its key's
+// state in the consumer's inbox (DATABASE_URL) before and after.
 func publishOrder(ctx context.Context, cfg config, body []byte, timeout time.Duration, out io.Writer) error {
 	var o order
 	if err := json.Unmarshal(body, &o); err != nil || o.ID == "" {
@@ -45,15 +62,29 @@ func publishOrder(ctx context.Context, cfg config, body []byte, timeout time.Dur
 	if err != nil {
 		return err
 	}
+	// Not the examples' embedded server: what is missing now is not about
+	// to appear, unless a consumer is connecting this very moment.
+	foreign := nc.ConnectedServerName() != embedded.ServerName
+	found := time.Now()
+	notThere := func(what string) error {
+		if foreign && time.Since(found) > foreignGrace {
+			return fmt.Errorf("%w: the NATS server at %s (named %q, not nats-consumer's -embedded one) has no %s, which a consumer creates when it starts; "+
+				"if another server holds that address, stop it or set NATS_URL to a free address for both nats-consumer -embedded and -publish",
+				errForeignServer, nc.ConnectedUrlRedacted(), nc.ConnectedServerName(), what)
+		}
+		return nil
+	}
 	if err := poll(ctx, func() (bool, error) {
 		_, err := js.Stream(ctx, cfg.Stream)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			return false, nil
+			return false, notThere("stream " + cfg.Stream)
 		}
 		return err == nil, err
 	}); err != nil {
 		return fmt.Errorf("stream %s (a consumer creates it when it starts): %w", cfg.Stream, err)
 	}
+	scope := cfg.Durable // the runner's scope is its durable's name
+	before, beforeErr := keyState(ctx, cfg.DatabaseURL, scope, o.ID)
 
 	m := nats.NewMsg(publishSubject)
 	m.Data = body
@@ -73,7 +104,7 @@ func publishOrder(ctx context.Context, cfg config, body []byte, timeout time.Dur
 		var err error
 		if cons == nil {
 			if cons, err = js.Consumer(ctx, cfg.Stream, cfg.Durable); errors.Is(err, jetstream.ErrConsumerNotFound) {
-				return false, nil
+				return false, notThere("durable " + cfg.Durable)
 			} else if err != nil {
 				return false, err
 			}
@@ -82,12 +113,19 @@ func publishOrder(ctx context.Context, cfg config, body []byte, timeout time.Dur
 		if err != nil {
 			return false, err
 		}
-		return info.AckFloor.Stream >= ack.Sequence, nil
+		if info.AckFloor.Stream >= ack.Sequence {
+			return true, nil
+		}
+		if info.NumWaiting == 0 && info.NumAckPending == 0 {
+			return false, notThere("consumer pulling from durable " + cfg.Durable)
+		}
+		return false, nil
 	}); err != nil {
 		fmt.Fprintln(out, "not acknowledged")
 		return fmt.Errorf("waiting for durable %s to acknowledge message %d (is a consumer running?): %w", cfg.Durable, ack.Sequence, err)
 	}
-	fmt.Fprintf(out, "acknowledged by %s\n", cfg.Durable)
+	after, afterErr := keyState(ctx, cfg.DatabaseURL, scope, o.ID)
+	fmt.Fprintf(out, "acknowledged by %s: %s\n", cfg.Durable, verdict(before, after, beforeErr, afterErr))
 	return nil
 }
 

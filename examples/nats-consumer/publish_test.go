@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -10,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/exactlyonce/dedupe/internal/dbtest"
+	"github.com/exactlyonce/dedupe/internal/natstest"
 )
 
 // freeAddr returns a loopback address nothing listens on.
@@ -50,7 +54,8 @@ func TestEmbeddedServerAndPublish(t *testing.T) {
 		if err := publishOrder(context.Background(), cfg, body, 30*time.Second, &out); err != nil {
 			t.Fatalf("publish %d: %v\n%s", i+1, err, out.String())
 		}
-		if want := fmt.Sprintf("published order-1 to ORDERS as message %d; acknowledged by shipping\n", i+1); out.String() != want {
+		verdict := []string{"new: shipped", "a duplicate: already shipped, not shipped again"}[i]
+		if want := fmt.Sprintf("published order-1 to ORDERS as message %d; acknowledged by shipping: %s\n", i+1, verdict); out.String() != want {
 			t.Fatalf("publish %d printed %q, want %q", i+1, out.String(), want)
 		}
 	}
@@ -62,6 +67,50 @@ func TestEmbeddedServerAndPublish(t *testing.T) {
 		t.Fatal("order-1 is not complete in the inbox")
 	}
 	stop()
+}
+
+// TestPublishToForeignServer: -publish to a NATS server that no consumer
+// uses (another server on the address "nats-consumer -embedded" wanted)
+// fails soon with errForeignServer and what to do, instead of waiting out
+// its timeout; so it does when the stream is there but nothing pulls from
+// the durable.
+func TestPublishToForeignServer(t *testing.T) {
+	srv := natstest.Server(t)
+	db := dbtest.New(t)
+	cfg, err := configFromEnv(func(name string) string {
+		return map[string]string{"NATS_URL": srv.ClientURL(), "DATABASE_URL": db.URL}[name]
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(`{"id":"order-1","item":"book","qty":1}`)
+	var out bytes.Buffer
+	// A timeout that a wait for lack of progress would run into, long
+	// before the test's own.
+	const timeout = 2 * time.Minute
+	err = publishOrder(context.Background(), cfg, body, timeout, &out)
+	if !errors.Is(err, errForeignServer) || !strings.Contains(err.Error(), "no stream ORDERS") || !strings.Contains(err.Error(), "NATS_URL") {
+		t.Fatalf("publish to a server without the stream = %v, want errForeignServer saying what to do", err)
+	}
+
+	// The stream and the durable left by a consumer that is gone.
+	nc := natstest.Connect(t, srv)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: []string{cfg.Subjects}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, cfg.Stream, jetstream.ConsumerConfig{Durable: cfg.Durable, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	err = publishOrder(ctx, cfg, body, timeout, &out)
+	if !errors.Is(err, errForeignServer) || !strings.Contains(err.Error(), "no consumer pulling from durable shipping") {
+		t.Fatalf("publish with nothing pulling = %v, want errForeignServer", err)
+	}
 }
 
 // TestEmbeddedRefusesBusyAddress: -embedded on an address another server

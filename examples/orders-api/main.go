@@ -36,7 +36,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/exactlyonce/dedupe/examples/telemetry"
+	"github.com/exactlyonce/dedupe/examples/otelkit"
 )
 
 // Defaults of the environment.
@@ -77,7 +77,7 @@ func run(ctx context.Context, ln net.Listener, databaseURL string, log *slog.Log
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
-	tel, err := telemetry.Start(ctx, telemetry.Options{Service: "orders-api", Prometheus: true})
+	tel, err := otelkit.Start(ctx, otelkit.Options{Service: "orders-api", Prometheus: true})
 	if err != nil {
 		_ = ln.Close()
 		return err

@@ -19,7 +19,7 @@
 //	STANDARD_WEBHOOK_SECRET  enables POST /webhooks/standard (whsec_<base64>)
 //
 // At least one secret is required; a route whose secret is unset answers
-// 404. On start it applies the dedupe migrations and creates webhook_events
+// 404. GET /healthz answers 200 once the receiver serves. On start it applies the dedupe migrations and creates webhook_events
 // if missing.
 //
 // GET /metrics serves the metrics in Prometheus's format. OpenTelemetry is
@@ -46,7 +46,7 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/adapters/webhook"
-	"github.com/exactlyonce/dedupe/examples/telemetry"
+	"github.com/exactlyonce/dedupe/examples/otelkit"
 )
 
 // DefaultAddr is where the receiver listens when ADDR is unset.
@@ -131,6 +131,9 @@ func NewMux(pool *pgxpool.Pool, s Secrets, logger *slog.Logger, obs dedupe.Obser
 	if mounted == 0 {
 		return nil, errors.New("no route: set STRIPE_WEBHOOK_SECRET, GITHUB_WEBHOOK_SECRET or STANDARD_WEBHOOK_SECRET")
 	}
+	// Readiness, for scripts and load balancers: a GET on a webhook route
+	// answers 405 (and is logged as a refused delivery).
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	return mux, nil
 }
 
@@ -157,7 +160,7 @@ func run(ctx context.Context, getenv func(string) string, logger *slog.Logger, r
 	if err := Setup(ctx, pool); err != nil {
 		return err
 	}
-	tel, err := telemetry.Start(ctx, telemetry.Options{Service: "webhook-receiver", Prometheus: true})
+	tel, err := otelkit.Start(ctx, otelkit.Options{Service: "webhook-receiver", Prometheus: true})
 	if err != nil {
 		return err
 	}

@@ -191,6 +191,11 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("run did not start")
 	}
+	if resp, err := http.Get(base + "/healthz"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /healthz: %v, %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
 	if s, text := send(t, base, githubEvent("d-1", "ping")); s != 200 || text != "processed" {
 		t.Fatalf("github: %d %q", s, text)
 	}

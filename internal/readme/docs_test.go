@@ -36,7 +36,10 @@ func TestFrontPage(t *testing.T) {
 		path, _, _ := strings.Cut(l.target, "#")
 		links[path] = true
 	}
-	for _, doc := range docFiles(t, root)[1:] {
+	for _, doc := range docFiles(t, root) {
+		if !strings.HasPrefix(doc, "docs/") {
+			continue
+		}
 		if !links[doc] {
 			t.Errorf("README.md does not link %s (its table of contents must name every file of docs/)", doc)
 		}
@@ -53,7 +56,7 @@ func TestFrontPage(t *testing.T) {
 	}
 }
 
-// TestDocLinks: every relative link of README.md and docs/*.md names a file
+// TestDocLinks: every relative link of docFiles names a file
 // of the repository and, for a Markdown file, one of its headings.
 func TestDocLinks(t *testing.T) {
 	root := repoRoot(t)

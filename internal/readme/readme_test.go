@@ -26,9 +26,8 @@ var notRun = map[string]string{
 // shell block of README.md or docs/*.md, word for word (TestREADMEBlocksCovered checks
 // that), and runs it with bash in a copy of the repository, with a schema
 // of its own in DATABASE_URL and free ports in NATS_URL, KAFKA_BROKERS and
-// ADDR, then checks what it printed and wrote. (Each copy compiles the
-// repository's own packages again, their directory being part of the build
-// cache's key; third-party packages come from the cache.)
+// ADDR, then checks what it printed and wrote. (The scripts build with
+// -trimpath, so that the copies share the build cache: see trimpath.)
 func TestREADMEBlocksRun(t *testing.T) {
 	root := repoRoot(t)
 	base := dbtest.BaseURL(t)
@@ -63,28 +62,49 @@ func TestREADMEBlocksRun(t *testing.T) {
 				}
 				vars = append(vars, name+"="+addr)
 			}
-			return setenv(env, vars...)
+			return setenv(env, append(vars, trimpath(goEnv))...)
 		},
 		Cmds: commands(),
 	})
 }
 
-// docFiles are the Markdown files whose shell blocks run: README.md and
-// docs/*.md, relative to the repository root.
+// trimpath returns GOFLAGS of goEnv with -trimpath added. Without it the
+// build cache keys each of the repository's packages by its directory, so
+// every script, in its own copy of the repository, compiled them all again
+// (and linked every program again); with it, a package compiled by one
+// script, or by an earlier run, is found in the cache by the others.
+func trimpath(goEnv []string) string {
+	flags := ""
+	for _, kv := range goEnv {
+		if v, ok := strings.CutPrefix(kv, "GOFLAGS="); ok {
+			flags = v
+		}
+	}
+	return strings.TrimSpace("GOFLAGS=" + flags + " -trimpath")
+}
+
+// docFiles are the Markdown files whose shell blocks run, relative to the
+// repository root: README.md, docs/*.md and examples/*/README.md.
 func docFiles(t *testing.T, root string) []string {
 	t.Helper()
-	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
-	if err != nil || len(docs) == 0 {
-		t.Fatalf("no docs/*.md under %s (%v)", root, err)
-	}
 	files := []string{"README.md"}
-	for _, d := range docs {
-		files = append(files, filepath.Join("docs", filepath.Base(d)))
+	for _, pattern := range []string{"docs/*.md", "examples/*/README.md"} {
+		found, err := filepath.Glob(filepath.Join(root, filepath.FromSlash(pattern)))
+		if err != nil || len(found) == 0 {
+			t.Fatalf("no %s under %s (%v)", pattern, root, err)
+		}
+		for _, f := range found {
+			rel, err := filepath.Rel(root, f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			files = append(files, filepath.ToSlash(rel))
+		}
 	}
 	return files
 }
 
-// TestREADMEBlocksCovered keeps the scripts, README.md and docs/*.md in
+// TestREADMEBlocksCovered keeps the scripts and the files of docFiles in
 // step: every sh block of those files is a .sh file of exactly one script,
 // word for word, unless notRun says why not; every plain (output) block is
 // a .out file of a script; and every .sh and .out file of the scripts is
@@ -136,12 +156,12 @@ func TestREADMEBlocksCovered(t *testing.T) {
 	}
 	for text, in := range files {
 		if !used[text] {
-			t.Errorf("%v: not a block of README.md or docs/*.md any more (update it from there, or remove it):\n%s", in, text)
+			t.Errorf("%v: not a block of README.md, docs/*.md or examples/*/README.md any more (update it from there, or remove it):\n%s", in, text)
 		}
 	}
 	for line := range notRun {
 		if !strings.Contains(all.String(), line) {
-			t.Errorf("notRun names %q, which neither README.md nor docs/*.md holds any more", line)
+			t.Errorf("notRun names %q, which no file of README.md, docs/*.md or examples/*/README.md holds any more", line)
 		}
 	}
 }

@@ -1,7 +1,9 @@
 // Package otelsetup configures the OpenTelemetry SDK of a program from the
 // standard environment variables, through the contrib autoexport module:
 //
-//   - OTEL_TRACES_EXPORTER: "console" (spans printed on standard output),
+//   - OTEL_TRACES_EXPORTER: "console" (spans printed on standard output, one
+//     short line per span as it ends; OTEL_EXPORTER_CONSOLE_FORMAT=json for
+//     the SDK's JSON, a line of about a kilobyte per span),
 //     "otlp" (to OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL
 //     http/protobuf or grpc), or "none".
 //   - OTEL_METRICS_EXPORTER: "console", "otlp", "prometheus" (a scrape
@@ -93,11 +95,18 @@ func Start(ctx context.Context, cfg Config) (*Telemetry, error) {
 	disabled := strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true")
 
 	if name := os.Getenv("OTEL_TRACES_EXPORTER"); name != "" && name != "none" && !disabled {
-		exp, err := autoexport.NewSpanExporter(ctx)
-		if err != nil {
-			return nil, err
+		var opt sdktrace.TracerProviderOption
+		if strings.EqualFold(name, "console") && !strings.EqualFold(os.Getenv("OTEL_EXPORTER_CONSOLE_FORMAT"), "json") {
+			// One short line per span, as each ends, instead of a line of JSON.
+			opt = sdktrace.WithSyncer(&consoleExporter{w: os.Stdout})
+		} else {
+			exp, err := autoexport.NewSpanExporter(ctx)
+			if err != nil {
+				return nil, err
+			}
+			opt = sdktrace.WithBatcher(exp)
 		}
-		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+		tp := sdktrace.NewTracerProvider(opt, sdktrace.WithResource(res))
 		t.TracerProvider = tp
 		t.shutdown = append(t.shutdown, tp.Shutdown)
 		otel.SetTracerProvider(tp)

@@ -1,4 +1,10 @@
-package main
+// Package demo is the quickstart's program logic, apart from its main so
+// that examples/telemetry runs the same demo with OpenTelemetry turned on:
+// an in-process NATS server with JetStream, orders placed with deliberate
+// duplicates through the transactional outbox and its relay, several
+// concurrent consumers while some first attempts fail and one consumer
+// loses its connection, and a report of deliveries against effects.
+package demo
 
 import (
 	"context"
@@ -16,7 +22,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactlyonce/dedupe"
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
@@ -31,8 +36,8 @@ const (
 	orderIDHdr  = "Order-Id"
 )
 
-// options configure one quickstart run.
-type options struct {
+// Options configure one quickstart run.
+type Options struct {
 	Orders    int     // unique orders
 	DupRate   float64 // extra duplicates per unique order
 	FailRate  float64 // orders whose first attempt fails
@@ -42,27 +47,36 @@ type options struct {
 
 	DatabaseURL    string
 	DatabaseSource string // for the report
-	Logger         *slog.Logger
-	Timeout        time.Duration // Defaults to 60s.
+	// Schema is the schema the run creates and works in. Defaults to
+	// dedupe_quickstart_ and 8 random hex digits (NewSchemaName).
+	Schema string
+	// KeepSchema leaves the schema and its tables in place at the end, to
+	// look at them; by default Run drops it.
+	KeepSchema bool
+	Logger     *slog.Logger
+	Timeout    time.Duration // Defaults to 60s.
 
 	// Observer is told what the inbox, the outbox and the relay do (the
 	// OpenTelemetry one in main). Defaults to none.
-	Observer observer
-	// TracerProvider traces each order's placement, the request in which
-	// it is enqueued. Defaults to the global one.
-	TracerProvider trace.TracerProvider
+	Observer Observer
+	// Place wraps each order's placement, the request in whose transaction
+	// the order is enqueued in the outbox: it returns the context to
+	// enqueue in (examples/telemetry starts a "place order" span there)
+	// and a function to call once it is done. Defaults to none.
+	Place func(ctx context.Context, orderID string) (context.Context, func())
 }
 
-// observer is told what the inbox and the outbox do: the hooks of both, as
+// Observer is told what the inbox and the outbox do: the hooks of both, as
 // the OpenTelemetry Observer implements them.
-type observer interface {
+type Observer interface {
 	dedupe.Observer
 	outbox.Observer
 }
 
-// report is what a run came to.
-type report struct {
+// Report is what a run came to.
+type Report struct {
 	DatabaseSource, Schema string
+	SchemaKept             bool
 	Consumers, Workers     int
 	Crashed                int // index of the consumer that lost its connection, or -1
 
@@ -71,7 +85,11 @@ type report struct {
 	Elapsed                                            time.Duration
 }
 
-func (r *report) ok() bool { return r.Effects == r.Unique && r.DistinctEffects == r.Unique }
+// NewSchemaName returns a fresh name for a run's schema.
+func NewSchemaName() string { return fmt.Sprintf("dedupe_quickstart_%08x", rand.Uint32()) }
+
+// OK reports whether the effects equal the unique orders, each written once.
+func (r *Report) OK() bool { return r.Effects == r.Unique && r.DistinctEffects == r.Unique }
 
 // order is the message body.
 type order struct {
@@ -80,9 +98,9 @@ type order struct {
 	Qty  int    `json:"qty"`
 }
 
-// run does the whole quickstart against o.DatabaseURL in a fresh schema,
+// Run does the whole quickstart against o.DatabaseURL in a fresh schema,
 // which it drops before returning.
-func run(ctx context.Context, o options) (*report, error) {
+func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.Timeout == 0 {
 		o.Timeout = 60 * time.Second
 	}
@@ -92,8 +110,11 @@ func run(ctx context.Context, o options) (*report, error) {
 	if o.Orders < 1 || o.Consumers < 1 || o.Workers < 1 {
 		return nil, errors.New("orders, consumers and workers must be at least 1")
 	}
-	rep := &report{DatabaseSource: o.DatabaseSource, Consumers: o.Consumers, Workers: o.Workers, Crashed: -1,
-		Schema: fmt.Sprintf("dedupe_quickstart_%08x", rand.Uint32())}
+	if o.Schema == "" {
+		o.Schema = NewSchemaName()
+	}
+	rep := &Report{DatabaseSource: o.DatabaseSource, Consumers: o.Consumers, Workers: o.Workers, Crashed: -1,
+		Schema: o.Schema, SchemaKept: o.KeepSchema}
 
 	// PostgreSQL: a schema of our own, dropped at the end.
 	pcfg, err := pgxpool.ParseConfig(o.DatabaseURL)
@@ -111,6 +132,9 @@ func run(ctx context.Context, o options) (*report, error) {
 		return nil, fmt.Errorf("create schema: %w", err)
 	}
 	defer func() {
+		if o.KeepSchema {
+			return
+		}
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		if _, err := pool.Exec(dctx, "DROP SCHEMA "+pgx.Identifier{rep.Schema}.Sanitize()+" CASCADE"); err != nil {

@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"bytes"
@@ -15,10 +15,10 @@ import (
 func TestMain(m *testing.M) { dbtest.VerifyTestMain(m) }
 
 // TestQuickstart runs the quickstart's whole program logic with a small
-// batch against the test database and checks its report and its cleanup.
+// batch against the test database and checks its Report and its cleanup.
 func TestQuickstart(t *testing.T) {
 	url := dbtest.BaseURL(t)
-	rep, err := run(context.Background(), options{
+	rep, err := Run(context.Background(), Options{
 		Orders: 60, DupRate: 0.5, FailRate: 0.2, Consumers: 3, Workers: 2, CrashOne: true,
 		DatabaseURL: url, DatabaseSource: "test", Timeout: 30 * time.Second,
 	})
@@ -28,7 +28,7 @@ func TestQuickstart(t *testing.T) {
 	if rep.Unique != 60 || rep.Published != 90 {
 		t.Fatalf("unique = %d, published = %d; want 60 and 90", rep.Unique, rep.Published)
 	}
-	if !rep.ok() || rep.Effects != 60 {
+	if !rep.OK() || rep.Effects != 60 {
 		t.Fatalf("effects = %d (distinct %d), want 60", rep.Effects, rep.DistinctEffects)
 	}
 	if rep.Duplicates < rep.Published-rep.Unique {
@@ -38,9 +38,9 @@ func TestQuickstart(t *testing.T) {
 		t.Fatalf("deliveries = %d, retries = %d: the failing first attempts were not redelivered", rep.Deliveries, rep.Retries)
 	}
 	var out bytes.Buffer
-	rep.print(&out)
+	rep.Print(&out)
 	if !strings.Contains(out.String(), "exactly once") {
-		t.Fatalf("report does not say exactly once:\n%s", out.String())
+		t.Fatalf("Report does not say exactly once:\n%s", out.String())
 	}
 
 	// The quickstart's schema is gone.
@@ -60,13 +60,13 @@ func TestQuickstart(t *testing.T) {
 }
 
 func TestReportFlagsMismatch(t *testing.T) {
-	rep := &report{Unique: 10, Published: 12, Deliveries: 12, Effects: 11, DistinctEffects: 10, Crashed: -1}
-	if rep.ok() {
-		t.Fatal("a report with 11 effects for 10 orders must not be ok")
+	rep := &Report{Unique: 10, Published: 12, Deliveries: 12, Effects: 11, DistinctEffects: 10, Crashed: -1}
+	if rep.OK() {
+		t.Fatal("a Report with 11 effects for 10 orders must not be ok")
 	}
 	var out bytes.Buffer
-	rep.print(&out)
+	rep.Print(&out)
 	if !strings.Contains(out.String(), "MISMATCH") {
-		t.Fatalf("report hides the mismatch:\n%s", out.String())
+		t.Fatalf("Report hides the mismatch:\n%s", out.String())
 	}
 }

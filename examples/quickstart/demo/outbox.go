@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"context"
@@ -9,22 +9,19 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/trace"
 
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
 	"github.com/exactlyonce/dedupe/outbox"
 )
 
 // publishThroughOutbox places the orders as an orders service would: each
-// in a traced request ("place order") whose transaction enqueues the
+// in a request (traced as "place order" by examples/telemetry) whose transaction enqueues the
 // message in the outbox, and a relay publishes the outbox to JetStream
 // (the Nats-Msg-Id is the outbox message's id). With an OpenTelemetry
 // Observer, each message carries its trace context in its headers, so the
 // consumer's processing joins the trace of the order's placement. It
 // returns once the relay published everything.
-func publishThroughOutbox(ctx context.Context, o options, pool *pgxpool.Pool, js jetstream.JetStream, msgs []order) error {
+func publishThroughOutbox(ctx context.Context, o Options, pool *pgxpool.Pool, js jetstream.JetStream, msgs []order) error {
 	ob, err := outbox.New(pool, outbox.Config{Logger: o.Logger, Observer: o.Observer})
 	if err != nil {
 		return err
@@ -47,13 +44,8 @@ func publishThroughOutbox(ctx context.Context, o options, pool *pgxpool.Pool, js
 		<-relayDone
 	}()
 
-	tp := o.TracerProvider
-	if tp == nil {
-		tp = otel.GetTracerProvider()
-	}
-	tracer := tp.Tracer("github.com/exactlyonce/dedupe/examples/quickstart")
 	for _, ord := range msgs {
-		if err := placeOrder(ctx, tracer, pool, ob, ord); err != nil {
+		if err := placeOrder(ctx, o.Place, pool, ob, ord); err != nil {
 			return err
 		}
 	}
@@ -74,11 +66,14 @@ func publishThroughOutbox(ctx context.Context, o options, pool *pgxpool.Pool, js
 	}
 }
 
-// placeOrder enqueues ord in the outbox in a transaction of its own, inside
-// a "place order" span.
-func placeOrder(ctx context.Context, tracer trace.Tracer, pool *pgxpool.Pool, ob *outbox.Outbox, ord order) error {
-	ctx, span := tracer.Start(ctx, "place order", trace.WithAttributes(attribute.String("order.id", ord.ID)))
-	defer span.End()
+// placeOrder enqueues ord in the outbox in a transaction of its own,
+// wrapped by place when it is set.
+func placeOrder(ctx context.Context, place func(context.Context, string) (context.Context, func()), pool *pgxpool.Pool, ob *outbox.Outbox, ord order) error {
+	if place != nil {
+		var done func()
+		ctx, done = place(ctx, ord.ID)
+		defer done()
+	}
 	payload, err := json.Marshal(ord)
 	if err != nil {
 		return err

@@ -1,4 +1,13 @@
-package embedded
+// Package embeddedkafka runs a Kafka-protocol broker inside the example's
+// own process (franz-go's kfake, a real implementation of the wire protocol
+// that keeps its log in memory), so that the Kafka example runs with no
+// broker installed (its -embedded flag). It is not meant for production.
+//
+// It is a package of its own, apart from package embedded's NATS server,
+// so that a program that runs only NATS (the quickstart) does not compile
+// kfake. It does not import testing: a program copied from an example keeps
+// building.
+package embeddedkafka
 
 import (
 	"fmt"
@@ -7,17 +16,17 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
-// KafkaBroker is a one-broker Kafka-protocol cluster running in this
+// Broker is a one-broker Kafka-protocol cluster running in this
 // process (franz-go's kfake), with its log in memory.
-type KafkaBroker struct {
+type Broker struct {
 	c *kfake.Cluster
 }
 
-// Kafka starts a Kafka-protocol broker listening on addr ("host:port"; port
+// Start starts a Kafka-protocol broker listening on addr ("host:port"; port
 // 0 picks a free one) with each of topics created with partitions
 // partitions. Topics that clients ask for are created too, with as many
 // partitions. Close stops it.
-func Kafka(addr string, partitions int32, topics ...string) (*KafkaBroker, error) {
+func Start(addr string, partitions int32, topics ...string) (*Broker, error) {
 	if partitions < 1 {
 		return nil, fmt.Errorf("embedded Kafka: partitions = %d, want at least 1", partitions)
 	}
@@ -37,11 +46,11 @@ func Kafka(addr string, partitions int32, topics ...string) (*KafkaBroker, error
 	if err != nil {
 		return nil, fmt.Errorf("embedded Kafka: %w", err)
 	}
-	return &KafkaBroker{c: c}, nil
+	return &Broker{c: c}, nil
 }
 
 // Addrs are the addresses clients connect to (one broker).
-func (k *KafkaBroker) Addrs() []string { return k.c.ListenAddrs() }
+func (k *Broker) Addrs() []string { return k.c.ListenAddrs() }
 
 // Close stops the broker; its log is gone.
-func (k *KafkaBroker) Close() { k.c.Close() }
+func (k *Broker) Close() { k.c.Close() }

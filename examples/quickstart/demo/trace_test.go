@@ -1,10 +1,11 @@
-package main
+package demo
 
 import (
 	"context"
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -32,15 +33,15 @@ func TestQuickstartTraces(t *testing.T) {
 	}
 	defer obs.Close()
 
-	rep, err := run(context.Background(), options{
+	rep, err := Run(context.Background(), Options{
 		Orders: 30, DupRate: 0.5, FailRate: 0.2, Consumers: 2, Workers: 2,
 		DatabaseURL: dbtest.BaseURL(t), DatabaseSource: "test", Timeout: 30 * time.Second,
-		Observer: obs, TracerProvider: tp,
+		Observer: obs, Place: tracePlacement(tp),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !rep.ok() {
+	if !rep.OK() {
 		t.Fatalf("effects = %d (distinct %d), want %d", rep.Effects, rep.DistinctEffects, rep.Unique)
 	}
 
@@ -92,5 +93,15 @@ func TestQuickstartTraces(t *testing.T) {
 	}
 	if claims["retry"] != rep.Retries {
 		t.Errorf("retry: metric %d; the runner retried %d", claims["retry"], rep.Retries)
+	}
+}
+
+// tracePlacement starts a "place order" span around each placement, as
+// examples/telemetry does.
+func tracePlacement(tp trace.TracerProvider) func(context.Context, string) (context.Context, func()) {
+	tracer := tp.Tracer("github.com/exactlyonce/dedupe/examples/quickstart/demo")
+	return func(ctx context.Context, id string) (context.Context, func()) {
+		ctx, span := tracer.Start(ctx, "place order", trace.WithAttributes(attribute.String("order.id", id)))
+		return ctx, func() { span.End() }
 	}
 }
