@@ -56,8 +56,9 @@ func TestFrontPage(t *testing.T) {
 	}
 }
 
-// TestDocLinks: every relative link of docFiles names a file
-// of the repository and, for a Markdown file, one of its headings.
+// TestDocLinks: every relative link of README.md, docs/*.md and the
+// examples' READMEs names a file of the repository and, for a Markdown
+// file, one of its headings.
 func TestDocLinks(t *testing.T) {
 	root := repoRoot(t)
 	anchors := map[string]map[string]bool{} // file → its headings' anchors
@@ -72,7 +73,7 @@ func TestDocLinks(t *testing.T) {
 		anchors[file] = headingAnchors(string(text))
 		return anchors[file]
 	}
-	for _, doc := range docFiles(t, root) {
+	for _, doc := range append(docFiles(t, root), globRel(t, root, "examples/*/README.md")...) {
 		from := filepath.Join(root, doc)
 		text, err := os.ReadFile(from)
 		if err != nil {

@@ -84,22 +84,27 @@ func trimpath(goEnv []string) string {
 }
 
 // docFiles are the Markdown files whose shell blocks run, relative to the
-// repository root: README.md, docs/*.md and examples/*/README.md.
+// repository root: README.md and docs/*.md.
 func docFiles(t *testing.T, root string) []string {
 	t.Helper()
-	files := []string{"README.md"}
-	for _, pattern := range []string{"docs/*.md", "examples/*/README.md"} {
-		found, err := filepath.Glob(filepath.Join(root, filepath.FromSlash(pattern)))
-		if err != nil || len(found) == 0 {
-			t.Fatalf("no %s under %s (%v)", pattern, root, err)
+	return append([]string{"README.md"}, globRel(t, root, "docs/*.md")...)
+}
+
+// globRel returns the files of root matching pattern (slash-separated),
+// relative to root; it fails t when there are none.
+func globRel(t *testing.T, root, pattern string) []string {
+	t.Helper()
+	found, err := filepath.Glob(filepath.Join(root, filepath.FromSlash(pattern)))
+	if err != nil || len(found) == 0 {
+		t.Fatalf("no %s under %s (%v)", pattern, root, err)
+	}
+	var files []string
+	for _, f := range found {
+		rel, err := filepath.Rel(root, f)
+		if err != nil {
+			t.Fatal(err)
 		}
-		for _, f := range found {
-			rel, err := filepath.Rel(root, f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			files = append(files, filepath.ToSlash(rel))
-		}
+		files = append(files, filepath.ToSlash(rel))
 	}
 	return files
 }
@@ -156,12 +161,12 @@ func TestREADMEBlocksCovered(t *testing.T) {
 	}
 	for text, in := range files {
 		if !used[text] {
-			t.Errorf("%v: not a block of README.md, docs/*.md or examples/*/README.md any more (update it from there, or remove it):\n%s", in, text)
+			t.Errorf("%v: not a block of README.md or docs/*.md any more (update it from there, or remove it):\n%s", in, text)
 		}
 	}
 	for line := range notRun {
 		if !strings.Contains(all.String(), line) {
-			t.Errorf("notRun names %q, which no file of README.md, docs/*.md or examples/*/README.md holds any more", line)
+			t.Errorf("notRun names %q, which neither README.md nor docs/*.md holds any more", line)
 		}
 	}
 }
