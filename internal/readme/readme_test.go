@@ -26,8 +26,9 @@ var notRun = map[string]string{
 // shell block of README.md or docs/*.md, word for word (TestREADMEBlocksCovered checks
 // that), and runs it with bash in a copy of the repository, with a schema
 // of its own in DATABASE_URL and free ports in NATS_URL, KAFKA_BROKERS and
-// ADDR, then checks what it printed and wrote. (The scripts build with
-// -trimpath, so that the copies share the build cache: see trimpath.)
+// ADDR, then checks what it printed and wrote. (Each copy compiles the
+// repository's own packages again, their directory being part of the build
+// cache's key; third-party packages come from the cache.)
 func TestREADMEBlocksRun(t *testing.T) {
 	root := repoRoot(t)
 	base := dbtest.BaseURL(t)
@@ -62,25 +63,10 @@ func TestREADMEBlocksRun(t *testing.T) {
 				}
 				vars = append(vars, name+"="+addr)
 			}
-			return setenv(env, append(vars, trimpath(goEnv))...)
+			return setenv(env, vars...)
 		},
 		Cmds: commands(),
 	})
-}
-
-// trimpath returns GOFLAGS of goEnv with -trimpath added. Without it the
-// build cache keys each of the repository's packages by its directory, so
-// every script, in its own copy of the repository, compiled them all again
-// (and linked every program again); with it, a package compiled by one
-// script, or by an earlier run, is found in the cache by the others.
-func trimpath(goEnv []string) string {
-	flags := ""
-	for _, kv := range goEnv {
-		if v, ok := strings.CutPrefix(kv, "GOFLAGS="); ok {
-			flags = v
-		}
-	}
-	return strings.TrimSpace("GOFLAGS=" + flags + " -trimpath")
 }
 
 // docFiles are the Markdown files whose shell blocks run, relative to the
