@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	dedupekafka "github.com/exactlyonce/dedupe/adapters/kafka"
+	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
 	dedupeamqp "github.com/exactlyonce/dedupe/adapters/rabbitmq"
 	deduperedis "github.com/exactlyonce/dedupe/adapters/redis"
 )
@@ -126,7 +127,8 @@ func (s *soak) audit(ctx context.Context, e *env) (*report, error) {
 		case row.state == "in_flight":
 			r.stuck++
 		case row.state != "failed":
-		case strings.HasPrefix(key, dedupekafka.RefusedKeyPrefix), strings.HasPrefix(key, dedupeamqp.RefusedKeyPrefix), strings.HasPrefix(key, deduperedis.RefusedKeyPrefix):
+		case strings.HasPrefix(key, dedupekafka.RefusedKeyPrefix), strings.HasPrefix(key, dedupeamqp.RefusedKeyPrefix), strings.HasPrefix(key, deduperedis.RefusedKeyPrefix),
+			strings.HasPrefix(key, dedupenats.RefusedKeyPrefix):
 			r.refused++
 		case !s.unique[key]:
 			r.unknown++

@@ -36,8 +36,14 @@ const (
 // without it, so the runner copies them to its dead-letter subject), two
 // in-process runners on one durable consumer (one of them stopped and
 // restarted at random) and a worker subprocess on the same durable that is
-// killed mid-transaction. At the end it reads the dead-letter stream.
-func runNATS(ctx context.Context, e *env, inputs []string) error {
+// killed mid-transaction. At the end it reads the dead-letter stream. With
+// batch > 1 every runner is in batch mode (Config.BatchSize), the nats-batch
+// transport.
+func runNATS(batch int) func(ctx context.Context, e *env, inputs []string) error {
+	return func(ctx context.Context, e *env, inputs []string) error { return soakNATS(ctx, e, inputs, batch) }
+}
+
+func soakNATS(ctx context.Context, e *env, inputs []string, batch int) error {
 	embedded, err := natstest.Embed()
 	if err != nil {
 		return err
@@ -71,9 +77,9 @@ func runNATS(ctx context.Context, e *env, inputs []string) error {
 	return runExternal(ctx, e, external{
 		consumers: 2,
 		consume: func(ctx context.Context, _ int) error {
-			return runNATSRunner(ctx, e, inbox, cons, handler, o.workers, js)
+			return runNATSRunner(ctx, e, inbox, cons, handler, o.workers, batch, js)
 		},
-		childArgs: []string{"-nats-url", embedded.URL()},
+		childArgs: []string{"-nats-url", embedded.URL(), "-nats-batch", strconv.Itoa(batch)},
 		feed: func(ctx context.Context) error {
 			for i, id := range inputs {
 				m := nats.NewMsg(natsSubject)
@@ -127,8 +133,8 @@ func createDurable(ctx context.Context, js jetstream.JetStream, stream, subject,
 // AckWait), as its inbox's Observer is told.
 // With dlq it dead-letters to the nats transport's dead-letter subject.
 func runNATSRunner(ctx context.Context, e *env, inbox *dedupe.Inbox, cons jetstream.Consumer, h dedupe.HandlerFunc[jetstream.Msg],
-	workers int, dlq jetstream.JetStream) error {
-	cfg := natsConfig(e.scope, workers, dlq)
+	workers, batch int, dlq jetstream.JetStream) error {
+	cfg := natsConfig(e.scope, workers, batch, dlq)
 	ic := inbox.Config()
 	ic.Observer = dedupe.Observers(ic.Observer, observetest.OnHandled(func(h dedupe.HandleInfo, _ dedupe.HandleDone) {
 		if h.Message.Delivery > 1 {
@@ -161,12 +167,14 @@ func connectJS(url string) (*nats.Conn, jetstream.JetStream, error) {
 }
 
 // natsConfig is the runners' configuration: the business key from the
-// Order-Id header, short delays, and with dlq the dead-letter subject.
-func natsConfig(scope string, workers int, dlq jetstream.JetStream) dedupenats.Config {
+// Order-Id header, short delays, batch messages per transaction, and with
+// dlq the dead-letter subject.
+func natsConfig(scope string, workers, batch int, dlq jetstream.JetStream) dedupenats.Config {
 	cfg := dedupenats.Config{
 		Scope:         scope,
 		Key:           dedupenats.HeaderKey(natsIDHdr),
 		Workers:       workers,
+		BatchSize:     batch,
 		Backoff:       func(int) time.Duration { return 20 * time.Millisecond },
 		InFlightDelay: 50 * time.Millisecond,
 		Heartbeat:     natsAckWait / 4,
@@ -219,7 +227,7 @@ func natsChild(ctx context.Context, e *env, fl *childFlags, say func(verb, arg s
 		return err
 	}
 	defer pool.Close()
-	r, err := dedupenats.New(inbox, cons, natsConfig(e.scope, 2, js), childHandler[jetstream.Msg](e, say))
+	r, err := dedupenats.New(inbox, cons, natsConfig(e.scope, 2, fl.natsBatch, js), childHandler[jetstream.Msg](e, say))
 	if err != nil {
 		return err
 	}
@@ -229,6 +237,7 @@ func natsChild(ctx context.Context, e *env, fl *childFlags, say func(verb, arg s
 // childFlags are the transport flags of a worker subprocess.
 type childFlags struct {
 	natsURL      string
+	natsBatch    int
 	kafkaBrokers string
 	kafkaBatch   int
 	webhookAddr  string
@@ -240,6 +249,7 @@ type childFlags struct {
 
 func (c *childFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.natsURL, "nats-url", "", "NATS server of the nats transport")
+	fs.IntVar(&c.natsBatch, "nats-batch", 1, "batch size of the nats transport")
 	fs.StringVar(&c.kafkaBrokers, "kafka-brokers", "", "Kafka brokers of the kafka transport")
 	fs.IntVar(&c.kafkaBatch, "kafka-batch", 1, "batch size of the kafka transport")
 	fs.StringVar(&c.webhookAddr, "webhook-addr", "127.0.0.1:0", "listen address of the webhook transport")

@@ -64,7 +64,7 @@ func runOutbox(ctx context.Context, e *env, inputs []string) error {
 			if n < 2 {
 				return runRelay(ctx, e, ob, pub)
 			}
-			return runNATSRunner(ctx, e, inbox, cons, handler, o.workers, nil)
+			return runNATSRunner(ctx, e, inbox, cons, handler, o.workers, 1, nil)
 		},
 		childArgs: []string{"-nats-url", embedded.URL()},
 		feed: func(ctx context.Context) error {

@@ -147,7 +147,7 @@ FROM `+tbl+`.soak_effects WHERE transport = $1`, name, committed).Scan(&total, &
 		}
 		var failed, failedForeign int
 		err = k.conn.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE key <> ALL($2))
-FROM `+tbl+`.dedupe_inbox WHERE scope = $1 AND state = 'failed' AND key NOT LIKE 'dedupekafka-refused/%' AND key NOT LIKE 'dedupeamqp-refused/%' AND key NOT LIKE 'deduperedis-refused/%'`,
+FROM `+tbl+`.dedupe_inbox WHERE scope = $1 AND state = 'failed' AND key NOT LIKE 'dedupekafka-refused/%' AND key NOT LIKE 'dedupeamqp-refused/%' AND key NOT LIKE 'deduperedis-refused/%' AND key NOT LIKE 'dedupenats-refused/%'`,
 			e.scope, failing).Scan(&failed, &failedForeign)
 		if err != nil {
 			t.Fatal(err)
@@ -324,9 +324,9 @@ func checkExternalEnds(t *testing.T, lines map[string]map[string]string) {
 	keyless, failing := countKind(unique, kindKeyless), countKind(unique, kindFails)
 	for tr, f := range lines {
 		switch tr {
-		case "nats":
-			if atoi(t, f, "dead_lettered") != keyless || atoi(t, f, "failed") != failing {
-				t.Errorf("%s: want dead_lettered=%d failed=%d: %v", tr, keyless, failing, f)
+		case "nats", "nats-batch":
+			if atoi(t, f, "dead_lettered") != keyless || atoi(t, f, "failed") != failing || atoi(t, f, "refused") < keyless {
+				t.Errorf("%s: want dead_lettered=%d failed=%d refused>=%d: %v", tr, keyless, failing, keyless, f)
 			}
 		case "kafka", "kafka-batch", "amqp", "redis":
 			if atoi(t, f, "dead_lettered") != keyless+failing || atoi(t, f, "failed") != failing || atoi(t, f, "refused") < keyless {
@@ -356,6 +356,22 @@ func TestSoakBrokerTransportsWithFaults(t *testing.T) {
 		"nats":        append([]string{"errors", "panics", "killed", "stopped", "failed", "dead_lettered"}, proxied...),
 		"kafka":       append([]string{"errors", "panics", "killed", "stopped", "failed", "dead_lettered", "refused"}, proxied...),
 		"kafka-batch": append([]string{"errors", "killed", "stopped", "failed", "dead_lettered", "refused"}, proxied...),
+	})
+	checkExternalEnds(t, lines)
+}
+
+// TestSoakNATSBatchWithFaults soaks the JetStream runner in batch mode
+// (nats-batch, not soaked by default) with the faults of the other broker
+// transports.
+func TestSoakNATSBatchWithFaults(t *testing.T) {
+	t.Parallel()
+	code, lines, db := runSoak(t, append([]string{"-transports", "nats-batch"}, externalArgs...)...)
+	if code != exitOK {
+		t.Fatalf("exit code = %d, want 0", code)
+	}
+	checkDatabase(t, db, "nats-batch")
+	checkLines(t, lines, 400, map[string][]string{
+		"nats-batch": {"errors", "panics", "killed", "stopped", "failed", "dead_lettered", "commit_lost", "cut"},
 	})
 	checkExternalEnds(t, lines)
 }

@@ -48,7 +48,10 @@ var transports = []transport{
 	// designed to fail arrives -poison-copies times at once.
 	{name: "poison", run: runPoison, soakedByDefault: true, poison: true},
 	{name: "batch", run: runBatch, soakedByDefault: true},
-	{name: "nats", run: runNATS, child: natsChild, soakedByDefault: true, poison: true, keyless: true},
+	{name: "nats", run: runNATS(1), child: natsChild, soakedByDefault: true, poison: true, keyless: true},
+	// nats-batch: the JetStream runner in batch mode; not soaked by default
+	// (CI time): -transports nats-batch.
+	{name: "nats-batch", run: runNATS(50), child: natsChild, poison: true, keyless: true},
 	{name: "kafka", run: runKafka(1), child: kafkaChild, soakedByDefault: true, poison: true, keyless: true},
 	{name: "kafka-batch", run: runKafka(50), child: kafkaChild, soakedByDefault: true, poison: true, keyless: true},
 	{name: "amqp", run: runAMQP, child: amqpChild, soakedByDefault: true, poison: true, keyless: true},
