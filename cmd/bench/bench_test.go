@@ -14,11 +14,16 @@ import (
 
 func TestMain(m *testing.M) { dbtest.VerifyTestMain(m) }
 
-// tinyArgs are settings that run the whole program in seconds.
+// tinyArgs are settings that run the whole program in seconds: every row
+// runs, with backlogs sized for a tiny run's windows (each transport row's
+// ceiling would publish thousands of messages per window, the relay's
+// tens of thousands of outbox rows) and no wait for the shared server's
+// autovacuum before a row (its CHECKPOINT still runs).
 func tinyArgs(t *testing.T, more ...string) []string {
 	return append([]string{"-database-url", dbtest.BaseURL(t), "-duration", "120ms", "-warmup", "30ms", "-rounds", "2",
 		"-workers", "1,2", "-batch", "10", "-probe-ops", "30", "-dup-keys", "200", "-inbox-rows", "2000",
-		"-size-workers", "2", "-purge-rows", "3000", "-timeout", "5m", "-markdown"}, more...)
+		"-size-workers", "2", "-purge-rows", "3000", "-timeout", "5m", "-markdown",
+		"-quiesce-wait", "0", "-backlog-rate", "500"}, more...)
 }
 
 // mdTables splits a Markdown report into its tables: title → rows of cells.
@@ -169,6 +174,7 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-workers", "0"}, {"-workers", "x"}, {"-duration", "0"}, {"-batch", "0"}, {"-inbox-rows", "-5"},
 		{"-rounds", "0"}, {"-rounds", "1"}, {"-rounds", "5"}, {"-probe-ops", "0"}, {"-purge-rows", "x"}, {"-timeout", "0"}, {"stray"},
+		{"-quiesce-wait", "-1s"}, {"-backlog-rate", "-1"},
 		{"-database-url", "postgres://postgres@db.example.com:5432/test"},
 		{"-database-url", "postgres://postgres@10.0.0.7:5432/test"},
 		{"-dsn", "postgres://postgres@10.0.0.7:5432/test"}, // the deprecated name, still read

@@ -37,6 +37,8 @@ type options struct {
 	only        []string
 	transports  bool
 	timeout     time.Duration
+	quiesceWait time.Duration // the wait for autovacuum before a row, at most
+	backlogRate float64       // expected transport throughput for the backlogs (0: each row's own)
 }
 
 func parseOptions(args []string, stderr io.Writer) (*options, error) {
@@ -61,6 +63,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&only, "only", "", "comma-separated substrings: run only the rows whose name contains one")
 	fs.BoolVar(&o.transports, "transports", true, "also measure the NATS and Kafka runners and the outbox relay (in-process brokers)")
 	fs.DurationVar(&o.timeout, "timeout", time.Hour, "the whole run stops with an error after this")
+	fs.DurationVar(&o.quiesceWait, "quiesce-wait", 60*time.Second, "before each row, wait this long at most for autovacuum workers to finish (after a CHECKPOINT)")
+	fs.Float64Var(&o.backlogRate, "backlog-rate", 0, "expected transport throughput in msgs/s that sizes the transport rows' backlogs, in place of each row's own ceiling (0: the ceiling; a tiny run needs far fewer)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -97,6 +101,10 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("-duration must be positive")
 	case o.warmup < 0:
 		return nil, errors.New("-warmup must not be negative")
+	case o.quiesceWait < 0:
+		return nil, errors.New("-quiesce-wait must not be negative")
+	case o.backlogRate < 0:
+		return nil, errors.New("-backlog-rate must not be negative")
 	case o.rounds < 2 || o.rounds%2 != 0:
 		// In A B B A, A's windows each follow the other side's and B's
 		// follow each other: whatever a side leaves behind for its next

@@ -142,7 +142,8 @@ func (w *window) measure(ctx context.Context, m meter, warmup time.Duration) (*s
 
 // backlogs sizes the transport runs' backlogs so that a run never runs out
 // of messages inside its window: the expected throughput (the comparison's
-// ceiling, or 1.5× the fastest run measured so far, whichever is higher)
+// ceiling or -backlog-rate, or 1.5× the fastest run measured so far,
+// whichever is higher)
 // times the warm-up and window, times 1.5. Both sides of a round get the
 // same backlog.
 type backlogs struct {
@@ -161,7 +162,11 @@ func (bl *backlogs) size(o *options, c *comparison, w, round int, window time.Du
 	if n, ok := bl.sizes[k]; ok {
 		return n
 	}
-	rate := max(c.ceiling, 1.5*bl.fastest[c.name])
+	ceiling := c.ceiling
+	if o.backlogRate > 0 {
+		ceiling = o.backlogRate
+	}
+	rate := max(ceiling, 1.5*bl.fastest[c.name])
 	n := int64(math.Ceil(rate*(o.warmup+window).Seconds()*1.5)) + 100
 	bl.sizes[k] = n
 	return n
