@@ -23,7 +23,7 @@ func tinyArgs(t *testing.T, more ...string) []string {
 	return append([]string{"-database-url", dbtest.BaseURL(t), "-duration", "120ms", "-warmup", "30ms", "-rounds", "2",
 		"-workers", "1,2", "-batch", "10", "-probe-ops", "30", "-dup-keys", "200", "-inbox-rows", "2000",
 		"-size-workers", "2", "-purge-rows", "3000", "-timeout", "5m", "-markdown",
-		"-quiesce-wait", "0", "-backlog-rate", "500"}, more...)
+		"-quiesce-wait", "0", "-backlog-rate", "2000"}, more...)
 }
 
 // mdTables splits a Markdown report into its tables: title → rows of cells.
