@@ -34,11 +34,13 @@ func (i *Inbox) ClaimBatch(ctx context.Context, tx Querier, keys []Key) ([]*Clai
 			return nil, err
 		}
 	}
-	return i.claimBatch(ctx, tx, keys, i.cfg.maxAttemptsParam())
+	return i.claimBatch(ctx, tx, keys, i.cfg.maxAttemptsParam(), false)
 }
 
 // claimBatch is ClaimBatch for valid keys with an attempt limit of its own
-// (0 = none).
+// (0 = none). With savepoint, ClaimSavepoint is taken right after the claim
+// statement: in the same round trip where tx pipelines (pgx), else as a
+// statement of its own after it.
 //
 // The batch claim costs about what a hand-written INSERT … SELECT FROM
 // unnest costs: keys of one scope (the common case) travel as that scope
@@ -48,7 +50,7 @@ func (i *Inbox) ClaimBatch(ctx context.Context, tx Querier, keys []Key) ([]*Clai
 // search), so nothing is allocated per row
 // (database/sql, which gives no raw values, scans them as strings); and the
 // claims share one allocation.
-func (i *Inbox) claimBatch(ctx context.Context, tx Querier, keys []Key, maxAttempts int) ([]*Claim, error) {
+func (i *Inbox) claimBatch(ctx context.Context, tx Querier, keys []Key, maxAttempts int, savepoint bool) ([]*Claim, error) {
 	out := make([]*Claim, len(keys))
 	if len(keys) == 0 {
 		return out, nil
@@ -68,16 +70,33 @@ func (i *Inbox) claimBatch(ctx context.Context, tx Querier, keys []Key, maxAttem
 			fps[j] = fp
 		}
 	}
+	query, scopes := i.q.claimBatchScope, any(b.scope)
+	if b.scopes != nil {
+		query, scopes = i.q.claimBatch, b.scopes
+	}
+	args := []any{i.cfg.now(), scopes, b.ids, string(StateComplete), fps, token, i.leaseArg, i.retentionArg, maxAttempts}
 	var (
 		rows pgx.Rows
 		err  error
+		// after ends the claim's statement: it reads the savepoint's reply
+		// when it was pipelined, else sends the savepoint.
+		after = func() error { return nil }
 	)
-	if b.scopes == nil {
-		rows, err = tx.Query(ctx, i.q.claimBatchScope, i.cfg.now(), b.scope, b.ids, string(StateComplete), fps, token,
-			i.leaseArg, i.retentionArg, maxAttempts)
+	if p, ok := tx.(interface {
+		SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	}); ok && savepoint {
+		q := &pgx.Batch{}
+		q.Queue(query, args...)
+		q.Queue(sqlSavepoint)
+		br := p.SendBatch(ctx, q)
+		defer br.Close() //nolint:errcheck // read by after on success
+		after = br.Close
+		rows, err = br.Query()
 	} else {
-		rows, err = tx.Query(ctx, i.q.claimBatch, i.cfg.now(), b.scopes, b.ids, string(StateComplete), fps, token,
-			i.leaseArg, i.retentionArg, maxAttempts)
+		if savepoint {
+			after = func() error { _, err := tx.Exec(ctx, sqlSavepoint); return err }
+		}
+		rows, err = tx.Query(ctx, query, args...)
 	}
 	if err != nil {
 		return nil, translate(err)
@@ -130,6 +149,9 @@ func (i *Inbox) claimBatch(ctx context.Context, tx Querier, keys []Key, maxAttem
 		}
 	}
 	if err := rows.Err(); err != nil {
+		return nil, translate(err)
+	}
+	if err := after(); err != nil {
 		return nil, translate(err)
 	}
 

@@ -89,6 +89,10 @@ func newBatchConsumer[M any](inbox *Inbox, cfg ConsumerConfig[M], each func(cont
 	if err != nil {
 		return nil, err
 	}
+	// Its COMMIT, and that of its per-message transactions, proves that
+	// the transaction still holds the claims (checkCommits), as a
+	// Consumer's does.
+	d.checkCommits()
 	b := &BatchConsumer[M]{txDriver: d, cfg: cfg, each: each, all: all}
 	// The batch's Observer calls cover these per-message transactions too.
 	b.one = &Consumer[M]{txDriver: d, cfg: cfg, handler: b.runOne, unobserved: true}
@@ -203,7 +207,13 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, 
 	for j, n := range valid {
 		batchKeys[j] = keys[n]
 	}
-	claims, err := inbox.claimBatch(ctx, tx, batchKeys, b.maxAttempts)
+	// The savepoint taken after the claims is what the checked COMMIT
+	// releases (checkCommits), and what a failing message's effects roll
+	// back to. Over pgx it goes with the claim, in its round trip; over
+	// database/sql (whose plain COMMIT of a batch without new claims needs
+	// none) below, once there is a new claim.
+	pipelined := inbox.drv.pipelines()
+	claims, err := inbox.claimBatch(ctx, tx, batchKeys, b.maxAttempts, pipelined)
 	if err != nil {
 		return err
 	}
@@ -234,9 +244,7 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, 
 		copyResults(res, valid, out)
 		return nil
 	}
-	if b.each != nil {
-		// A failing message's attempt is recorded behind this savepoint
-		// while its claim is still held.
+	if !pipelined {
 		if _, err := tx.Exec(ctx, sqlSavepoint); err != nil {
 			return translate(err)
 		}
@@ -244,10 +252,20 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, 
 	failedAt, herr := b.runBatch(ctx, mctx, tx, msgs, valid, fresh, claims)
 	if herr == nil {
 		outcome, cerr := b.commit(ctx, tx, claims[fresh[0]])
-		if errors.Is(cerr, errFailedTx) {
+		switch {
+		case errors.Is(cerr, errEndedBehind) && IsPermanent(b.endedCause(cerr, nil)):
+			// A handler ended the transaction and none was open at the
+			// COMMIT (database/sql): see endedAll.
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			b.endedAll(ctx, fresh, claims, b.endedCause(cerr, nil), out)
+			copyResults(res, valid, out)
+			return nil
+		case errors.Is(cerr, errFailedTx), errors.Is(cerr, errEndedBehind):
 			// A handler swallowed a failed statement (database/sql shows
-			// it only at COMMIT): nothing committed; find the message one
-			// transaction at a time.
+			// it only at COMMIT), or ended the transaction and began
+			// another, which the checked COMMIT refused: nothing
+			// committed; find the message one transaction at a time.
+			_ = tx.Rollback(context.WithoutCancel(ctx))
 			b.inOrder(ctx, mctx, msgs, keys, valid, res)
 			return nil
 		}
@@ -333,6 +351,28 @@ func (b *BatchConsumer[M]) endedAt(ctx context.Context, keys []Key, valid, fresh
 	n := valid[failedAt]
 	attempts, poisoned, err := b.inbox.recordFailure(ctx, keys[n], herr, b.maxAttempts)
 	res[n].Outcome, res[n].Err = b.report(ctx, claims[failedAt], herr, poisoned, attempts, err)
+}
+
+// endedAll records a batch whose transaction a handler ended with none open
+// at its COMMIT, over database/sql, whose *sql.Tx cannot be guarded: the
+// statements sent after that end (by that handler, and by the handlers of
+// the messages after it) ran outside any transaction, each committing on its
+// own, and which handler ended it cannot be told. Running any of them again
+// could repeat an effect, so every new message of the batch is recorded
+// failed with cause (Permanent, ErrTxEnded): reported OutcomePoisoned,
+// never processed, its key marked failed. A claim that a handler's COMMIT
+// took along is released first.
+func (b *BatchConsumer[M]) endedAll(ctx context.Context, fresh []int, claims []*Claim, cause error, out []BatchResult) {
+	i := b.inbox
+	for _, j := range fresh {
+		c := claims[j]
+		if _, err := i.db.Exec(ctx, i.q.releaseToken, c.Key.Scope, c.Key.ID, c.Token); err != nil {
+			i.cfg.Logger.ErrorContext(ctx, "dedupe: release a claim committed behind dedupe's back",
+				"scope", c.Key.Scope, "key", c.Key.ID, "err", err)
+		}
+		attempts, poisoned, err := i.recordFailure(ctx, c.Key, cause, b.maxAttempts)
+		out[j].Outcome, out[j].Err = b.report(ctx, c, cause, poisoned, attempts, err)
+	}
 }
 
 // runBatch runs the handler over the claimed messages; failedAt is the index
