@@ -116,7 +116,27 @@ func (b *BatchConsumer[M]) runOne(ctx context.Context, tx any, msg M) error {
 // HandleBatch handles msgs and returns one result per message, in order,
 // each what Consumer.Handle would have returned for it, or ErrNotAttempted
 // for a message after one that failed. A message without a usable key gets
-// ErrNoKey or ErrInvalidKey and the others go on. When the batch cannot run
+// ErrNoKey or ErrInvalidKey and the others go on.
+//
+// A handler that ends the batch's transaction itself (a COMMIT or ROLLBACK
+// sent as a statement, perhaps followed by BEGIN) never has a message
+// reported processed for work that did not commit: the COMMIT proves, as
+// Consumer's does, that the transaction still holds the claims (the
+// savepoint taken after them), in the COMMIT's own round trip over pgx.
+// With a per-message handler over pgx the guard pins the end on the
+// message whose handler sent it: that message gets ErrTxEnded (OutcomeRetry,
+// its attempt counted), the ones before it are handled again and the ones
+// after it get ErrNotAttempted. A transaction ended and begun again commits
+// nothing and the batch is handled one message per transaction, in order,
+// which finds the culprit the same way. Where which handler's effects
+// committed cannot be told (over database/sql, a batch found with no
+// transaction open at its COMMIT, whose handlers' later statements may have
+// committed on their own; a handler that committed the claims itself, then
+// perhaps began again, without the guard pinning it on its message), every
+// new message of the batch gets OutcomePoisoned with ErrTxEnded (its key
+// marked failed), so that none of them runs again.
+//
+// When the batch cannot run
 // as one (a serialization failure after TxRetries, a key whose lock times
 // out, a database error), its messages are handled one transaction each, in
 // order, up to the first that fails.
@@ -253,18 +273,24 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, 
 	if herr == nil {
 		outcome, cerr := b.commit(ctx, tx, claims[fresh[0]])
 		switch {
-		case errors.Is(cerr, errEndedBehind) && IsPermanent(b.endedCause(cerr, nil)):
-			// A handler ended the transaction and none was open at the
-			// COMMIT (database/sql): see endedAll.
+		case errors.Is(cerr, errEndedBehind):
+			// A handler ended the transaction: nothing of it commits now.
 			_ = tx.Rollback(context.WithoutCancel(ctx))
-			b.endedAll(ctx, fresh, claims, b.endedCause(cerr, nil), out)
-			copyResults(res, valid, out)
+			cause := b.endedCause(cerr, nil)
+			if b.releaseCommitted(ctx, fresh, claims) || IsPermanent(cause) {
+				// Some of it committed before (see endedAll).
+				b.endedAll(ctx, fresh, claims, Permanent(cause), out)
+				copyResults(res, valid, out)
+				return nil
+			}
+			// It began another transaction, which the checked COMMIT
+			// refused: find the message one transaction at a time.
+			b.inOrder(ctx, mctx, msgs, keys, valid, res)
 			return nil
-		case errors.Is(cerr, errFailedTx), errors.Is(cerr, errEndedBehind):
+		case errors.Is(cerr, errFailedTx):
 			// A handler swallowed a failed statement (database/sql shows
-			// it only at COMMIT), or ended the transaction and began
-			// another, which the checked COMMIT refused: nothing
-			// committed; find the message one transaction at a time.
+			// it only at COMMIT): nothing committed; find the message one
+			// transaction at a time.
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			b.inOrder(ctx, mctx, msgs, keys, valid, res)
 			return nil
@@ -279,7 +305,15 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, 
 		return err // retryable, or cancelled: nothing committed
 	}
 	if failedAt < 0 {
+		ended := tx.ended()
 		_ = tx.Rollback(context.WithoutCancel(ctx))
+		if ended && b.releaseCommitted(ctx, fresh, claims) {
+			// A batch handler committed the claims itself, with some of
+			// their effects (see endedAll).
+			b.endedAll(ctx, fresh, claims, Permanent(herr), out)
+			copyResults(res, valid, out)
+			return nil
+		}
 		b.inOrder(ctx, mctx, msgs, keys, valid, res)
 		return nil
 	}
@@ -353,23 +387,39 @@ func (b *BatchConsumer[M]) endedAt(ctx context.Context, keys []Key, valid, fresh
 	res[n].Outcome, res[n].Err = b.report(ctx, claims[failedAt], herr, poisoned, attempts, err)
 }
 
-// endedAll records a batch whose transaction a handler ended with none open
-// at its COMMIT, over database/sql, whose *sql.Tx cannot be guarded: the
-// statements sent after that end (by that handler, and by the handlers of
-// the messages after it) ran outside any transaction, each committing on its
-// own, and which handler ended it cannot be told. Running any of them again
-// could repeat an effect, so every new message of the batch is recorded
-// failed with cause (Permanent, ErrTxEnded): reported OutcomePoisoned,
-// never processed, its key marked failed. A claim that a handler's COMMIT
-// took along is released first.
+// releaseCommitted releases the claims of fresh that a handler committed
+// itself (a COMMIT sent as a statement) and reports whether there was any.
+func (b *BatchConsumer[M]) releaseCommitted(ctx context.Context, fresh []int, claims []*Claim) bool {
+	i := b.inbox
+	found := false
+	for _, j := range fresh {
+		c := claims[j]
+		tag, err := i.db.Exec(ctx, i.q.releaseToken, c.Key.Scope, c.Key.ID, c.Token)
+		if err != nil {
+			i.cfg.Logger.ErrorContext(ctx, "dedupe: release a claim committed behind dedupe's back",
+				"scope", c.Key.Scope, "key", c.Key.ID, "err", err)
+			found = true // it may have committed: assume it did
+			continue
+		}
+		found = found || tag.RowsAffected() > 0
+	}
+	return found
+}
+
+// endedAll records a batch whose transaction a handler ended where which
+// handler's effects committed cannot be told: over database/sql, with none
+// open at its COMMIT (a *sql.Tx cannot be guarded: the statements sent after
+// that end, by that handler and by the handlers after it, ran outside any
+// transaction, each committing on its own), or when a handler committed the
+// claims itself with part of the effects (its claims released by
+// releaseCommitted). Running any of them again could repeat an effect, so
+// every new message of the batch is recorded failed with cause (Permanent,
+// ErrTxEnded): reported OutcomePoisoned, never processed, its key marked
+// failed.
 func (b *BatchConsumer[M]) endedAll(ctx context.Context, fresh []int, claims []*Claim, cause error, out []BatchResult) {
 	i := b.inbox
 	for _, j := range fresh {
 		c := claims[j]
-		if _, err := i.db.Exec(ctx, i.q.releaseToken, c.Key.Scope, c.Key.ID, c.Token); err != nil {
-			i.cfg.Logger.ErrorContext(ctx, "dedupe: release a claim committed behind dedupe's back",
-				"scope", c.Key.Scope, "key", c.Key.ID, "err", err)
-		}
 		attempts, poisoned, err := i.recordFailure(ctx, c.Key, cause, b.maxAttempts)
 		out[j].Outcome, out[j].Err = b.report(ctx, c, cause, poisoned, attempts, err)
 	}
