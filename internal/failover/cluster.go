@@ -336,7 +336,14 @@ func (c *Cluster) Crash() {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
+	// A killed postmaster nobody has reaped yet stays a zombie, and a
+	// server started on its port reads the socket's lock file, finds that
+	// pid alive and refuses to start ("lock file already exists"): remove
+	// the lock files a clean shutdown would have removed.
 	_ = os.Remove(filepath.Join(dir, "postmaster.pid"))
+	sock := filepath.Join(c.base, fmt.Sprintf(".s.PGSQL.%d", c.nodes[c.primary].port))
+	_ = os.Remove(sock + ".lock")
+	_ = os.Remove(sock)
 }
 
 // childrenOf lists the processes whose parent is pid, from /proc.
