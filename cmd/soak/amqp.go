@@ -96,10 +96,14 @@ func runAMQP(ctx context.Context, e *env, inputs []string) error {
 		cuts.Wait()
 	}()
 
-	var keyless int
+	// Every input designed to fail (keyless, or failing until poisoned)
+	// ends with a copy in the dead-letter queue. The copy goes after the
+	// key is recorded failed, and the queue's message count leaves out
+	// unacknowledged messages: the run is done only once every copy is in.
+	var designed int
 	for id := range e.soak.unique {
-		if e.withoutKey(id) {
-			keyless++
+		if e.designedToFail(id) {
+			designed++
 		}
 	}
 	return runExternal(ctx, e, external{
@@ -136,7 +140,7 @@ func runAMQP(ctx context.Context, e *env, inputs []string) error {
 			if err := dead.drain(conn, dlq); err != nil {
 				return false, err
 			}
-			if dead.count() < keyless {
+			if dead.count() < designed {
 				return false, nil
 			}
 			q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
