@@ -34,7 +34,14 @@ func TestConnectionsCutMidRunNothingLostOrDoubled(t *testing.T) {
 	cfg.Workers = 4
 	var handled atomic.Int64
 	h := func(ctx context.Context, tx pgx.Tx, d amqp.Delivery) error {
-		handled.Add(1)
+		// Paced by progress, whatever the machine's speed: every 40th
+		// handling cuts the runners' broker connections while its own
+		// transaction is open (its ack then finds the channel dead, and the
+		// redelivery is absorbed). The effect count below also polls for a
+		// cut every 40 effects, but a fast machine can finish between polls.
+		if handled.Add(1)%40 == 0 {
+			proxy.Cut()
+		}
 		return insertEffect(ctx, tx, d)
 	}
 	stop1 := run(t, newRunner(t, b, proxy.URL(), cfg, h))
