@@ -64,7 +64,8 @@
 //	0    success; for run: the command exited 0, or the key was already complete
 //	     (a key completed with --on-failure=complete replays its stored status)
 //	1    error: the database or the operation failed
-//	2    usage: bad flags or arguments, invalid key, no database URL
+//	2    usage: bad flags or arguments, invalid key, a database URL that does
+//	     not parse (with none, dedupe uses the local default: see --database-url)
 //	3    inspect, release: no such key; outbox unpark, discard: no such parked message
 //	4    the inbox table does not exist (run "dedupe migrate up")
 //	75   the key is in flight elsewhere (a live lease); retry later

@@ -11,7 +11,7 @@ import (
 const (
 	exitOK          = 0   // done (for run: the command succeeded, or the key was already complete)
 	exitError       = 1   // the database or the operation failed
-	exitUsage       = 2   // bad flags or arguments, an invalid key, no database URL
+	exitUsage       = 2   // bad flags or arguments, an invalid key, a database URL that does not parse
 	exitNotFound    = 3   // inspect, release: no such key; outbox unpark, discard: no such parked message
 	exitNotMigrated = 4   // the inbox table does not exist: run "dedupe migrate up"
 	exitInFlight    = 75  // the key is held by a live lease elsewhere; retry later (EX_TEMPFAIL)
@@ -27,7 +27,8 @@ const exitCodes = `Exit codes:
   0    success; for run: the command exited 0, or the key was already complete
        (a key completed with --on-failure=complete replays its stored status)
   1    error: the database or the operation failed
-  2    usage: bad flags or arguments, invalid key, no database URL
+  2    usage: bad flags or arguments, invalid key, a database URL that does
+       not parse (with none, dedupe uses the local default: see --database-url)
   3    inspect, release: no such key; outbox unpark, discard: no such parked
        message
   4    the inbox table does not exist (run "dedupe migrate up")

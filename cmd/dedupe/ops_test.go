@@ -320,8 +320,11 @@ func TestDatabaseURLFallback(t *testing.T) {
 	}
 }
 
-// TestNoDatabaseURL cannot run in parallel: it sets DATABASE_URL.
-func TestNoDatabaseURL(t *testing.T) {
+// TestBadDatabaseURL: a DATABASE_URL that does not parse is a usage error
+// (exit 2) that does not echo the URL; one that parses but does not answer
+// fails the run (125). (No URL at all is not an error: TestDatabaseURLFallback.)
+// It cannot run in parallel: it sets DATABASE_URL.
+func TestBadDatabaseURL(t *testing.T) {
 	var out, errb dbtest.Buffer
 	t.Setenv("DATABASE_URL", "postgres://u:secret@127.0.0.1:1/x?connect_timeout=1&sslmode=bogus")
 	code := run(context.Background(), []string{"stats"}, &out, &errb)
