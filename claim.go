@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/dedupe/internal/headerjson"
+	"github.com/exactlyonce/dedupe/internal/pgbatch"
 )
 
 // Claim claims key inside the caller's transaction tx, the transactional
@@ -218,7 +221,7 @@ func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq, read claimRead) *claimRoun
 		q = b.Queue(i.q.lookup, args[claimArgNow], args[claimArgScope], args[claimArgKey])
 	}
 	q.QueryRow(func(row pgx.Row) error {
-		if round.inserted && skipRow(row) {
+		if round.inserted && pgbatch.SkipRow(row) {
 			return nil // sent one by one: a new key needs no read
 		}
 		d := &rr.read
@@ -443,7 +446,7 @@ func storeResultArgs(c *Claim, r Result, op string) ([]any, error) {
 	if err := mustHold(c, op); err != nil {
 		return nil, err
 	}
-	headers, err := headersArg(r.Headers)
+	headers, err := headerjson.Arg(r.Headers)
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: encode result headers: %w", bare(err))
 	}

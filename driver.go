@@ -8,10 +8,10 @@ import (
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/dedupe/internal/direct"
+	"github.com/exactlyonce/dedupe/internal/pgbatch"
 	"github.com/exactlyonce/dedupe/internal/pgerr"
 	"github.com/exactlyonce/dedupe/internal/txguard"
 )
@@ -31,7 +31,7 @@ type driver interface {
 	// (b from newBatch(opts), or nil). pgx sends BEGIN and b in one round
 	// trip; database/sql sends BEGIN alone, then b in one round trip over
 	// pgx's stdlib, or one statement after the other over other drivers
-	// (the callbacks queued in b tell which by the row they get: skipRow).
+	// (the callbacks queued in b tell which by the row they get: pgbatch.SkipRow).
 	// On error, and when a statement's callback panics, nothing stays open.
 	begin(ctx context.Context, opts pgx.TxOptions, b *pgx.Batch) (txConn, error)
 	// pipelines reports whether statements queued in a batch are always
@@ -139,57 +139,9 @@ func (t *pgxTx) ended() bool    { return (*guardedTx)(t).Ended() }
 func (t *pgxTx) commitClaim(ctx context.Context) error { return t.Commit(ctx) }
 
 // sendBatch runs b's statements on q: in one round trip when q is a pgx
-// pool, connection or transaction, else one after the other.
-func sendBatch(ctx context.Context, q Querier, b *pgx.Batch) error {
-	if s, ok := q.(interface {
-		SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-	}); ok {
-		return s.SendBatch(ctx, b).Close()
-	}
-	for _, qq := range b.QueuedQueries {
-		if qq.Fn == nil {
-			if _, err := q.Exec(ctx, qq.SQL, qq.Arguments...); err != nil {
-				return err
-			}
-			continue
-		}
-		if err := qq.Fn(&seqResults{ctx: ctx, q: q, qq: qq}); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// seqResults are the results of one queued statement run on its own, for a
-// QueuedQuery's callback.
-type seqResults struct {
-	ctx context.Context
-	q   Querier
-	qq  *pgx.QueuedQuery
-}
-
-func (r *seqResults) Exec() (pgconn.CommandTag, error) {
-	return r.q.Exec(r.ctx, r.qq.SQL, r.qq.Arguments...)
-}
-func (r *seqResults) Query() (pgx.Rows, error) { return r.q.Query(r.ctx, r.qq.SQL, r.qq.Arguments...) }
-func (r *seqResults) QueryRow() pgx.Row        { return lazyRow{r} }
-
-// lazyRow runs its statement when it is scanned, so that a callback may
-// skip a statement whose answer it already knows (skipRow): what a driver
-// that sends statements one by one saves, and a pipeline cannot.
-type lazyRow struct{ r *seqResults }
-
-func (l lazyRow) Scan(dest ...any) error {
-	return l.r.q.QueryRow(l.r.ctx, l.r.qq.SQL, l.r.qq.Arguments...).Scan(dest...)
-}
-
-// skipRow reports whether row's statement may be left unsent: true for a
-// statement run one by one (lazyRow), false in a pipeline, where it was
-// sent already and must be read.
-func skipRow(row pgx.Row) bool {
-	_, ok := row.(lazyRow)
-	return ok
-}
+// pool, connection or transaction, else one after the other
+// (internal/pgbatch).
+func sendBatch(ctx context.Context, q Querier, b *pgx.Batch) error { return pgbatch.Send(ctx, q, b) }
 
 // pipelinedSavepoint is the flag of a savepoint sent in a pipeline: always.
 var pipelinedSavepoint = true
@@ -205,7 +157,7 @@ func queueSavepoint(d driver, b *pgx.Batch, round *claimRound) *bool {
 	}
 	done := new(bool)
 	b.Queue(sqlSavepoint).QueryRow(func(row pgx.Row) error {
-		if !round.inserted && skipRow(row) {
+		if !round.inserted && pgbatch.SkipRow(row) {
 			return nil
 		}
 		*done = true
@@ -216,8 +168,6 @@ func queueSavepoint(d driver, b *pgx.Batch, round *claimRound) *bool {
 	})
 	return done
 }
-func (r *seqResults) Close() error { return nil }
-func (r *seqResults) Tx() pgx.Tx   { return nil }
 
 // errWrongTx is a handler whose transaction type is not its inbox's.
 func errWrongTx[TTx any](d driver) error {
@@ -279,33 +229,12 @@ func checkGuard(g txConn) error {
 	}
 }
 
-// The direct claim round. On a pgx pool or connection in pgx's default
-// statement mode (QueryExecModeCacheStatement) and without a tracer, a
-// Consumer sends BEGIN, its lock timeout, the claim, the peek (see
-// internal/direct) and the savepoint as one pgconn batch: one write, one Sync,
-// one round trip, the same statements pgx's pipelined batch would send. The
-// claim and the peek are prepared once per connection under names of their
-// own, and their values are encoded and decoded here in PostgreSQL's binary
-// format (internal/direct). What this saves is pgx's pipeline bookkeeping (a list
-// element and result state per queued statement) and its per-value type
-// plans: about 40 allocations per message.
-//
-// The handler still receives pgx's own transaction: pgx adopts the
-// transaction begun here through a batch whose only queued statement, the
-// BEGIN that Batch.BeginTx queues, was taken out again (direct.Begin). Sent
-// on a connection, a batch without statements sends nothing, and the
-// transaction that Batch.BeginTx promised is the one the connection is in.
-//
-// Anywhere else (a tracer, which must see every statement; another
-// statement mode, such as one chosen for PgBouncer; a type that is neither
-// pool nor connection; database/sql other than over pgx's stdlib, whose
-// round SQLDB.claimDirect sends through sendDirect) the round goes through pgx's
-// batch.
-
-// pgxDirect sends direct claim rounds over a pool or a connection.
+// pgxDirect sends a Consumer's claim round straight over pgconn where the
+// pool or connection allows it (internal/direct, whose sender.go says
+// when): BEGIN, the lock timeout, the claim, the peek and the savepoint in
+// one round trip, about 40 allocations per message fewer than pgx's batch.
 type pgxDirect struct {
-	pool *pgxpool.Pool
-	conn *pgx.Conn
+	*direct.Sender
 	// off is set once a connection's own configuration refused the round
 	// (a BeforeConnect hook that sets a tracer or another statement mode):
 	// the pool's connections are made alike, so its claims go through
@@ -316,22 +245,11 @@ type pgxDirect struct {
 // newPgxDirect returns the direct round's sender for db, or nil where the
 // round must go through pgx.
 func newPgxDirect(db pgxDB) *pgxDirect {
-	var (
-		cfg *pgx.ConnConfig
-		d   pgxDirect
-	)
-	switch db := db.(type) {
-	case *pgxpool.Pool:
-		cfg, d.pool = db.Config().ConnConfig, db
-	case *pgx.Conn:
-		cfg, d.conn = db.Config(), db
-	default:
+	s := direct.NewSender(db)
+	if s == nil {
 		return nil
 	}
-	if !direct.Allowed(cfg) {
-		return nil
-	}
-	return &d
+	return &pgxDirect{Sender: s}
 }
 
 // directOff sends the inbox's claims through pgx's batch from now on: a
@@ -344,114 +262,37 @@ func (i *Inbox) directOff(ctx context.Context) {
 	}
 }
 
-// pooledTx is a transaction on a connection acquired from a pool, which it
-// releases when it ends, as pgxpool's own transaction does.
-type pooledTx struct {
-	pgx.Tx
-	conn *pgxpool.Conn
-}
-
-func (t *pooledTx) Commit(ctx context.Context) error {
-	err := t.Tx.Commit(ctx)
-	t.release()
-	return err
-}
-
-func (t *pooledTx) Rollback(ctx context.Context) error {
-	err := t.Tx.Rollback(ctx)
-	t.release()
-	return err
-}
-
-func (t *pooledTx) release() {
-	if t.conn != nil {
-		t.conn.Release()
-		t.conn = nil
-	}
-}
-
 // claimDirect begins a transaction on a connection of d and claims r in
-// it: BEGIN (begin.sql), the lock timeout when set, the claim, the peek
-// (when the inbox's recent claims met duplicates: internal/direct.Ahead) and the
-// savepoint, in one round trip; a claim that found its key taken without
-// the peek reads it in a second. It returns direct.ErrNoDirect, having sent
-// nothing, or direct.ErrTypes, having rolled back what it sent, when the
-// round must go through pgx instead.
+// it, in the direct round (direct.Sender.Round). It returns
+// direct.ErrNoDirect, having sent nothing, or direct.ErrTypes, having
+// rolled back what it sent, when the round must go through pgx instead.
 func (d *pgxDirect) claimDirect(ctx context.Context, i *Inbox, begin *direct.Begin, lockTimeout string, r *claimReq) (txConn, *claimRound, error) {
 	// Encoded before a connection is acquired: it reads Config.Clock,
 	// which may panic (a test's), and must not leave a connection behind.
 	args := &direct.Args{}
 	args.Encode(i.directParams(r), lockTimeout)
-	conn, pc := d.conn, (*pgxpool.Conn)(nil)
-	if d.pool != nil {
-		var err error
-		if pc, err = d.pool.Acquire(ctx); err != nil {
-			return nil, nil, err
-		}
-		conn = pc.Conn()
-	}
-	release := func() {
-		if pc != nil {
-			pc.Release()
-		}
-	}
-	st := direct.StateOf(conn)
-	if !st.OK() {
-		release()
-		if d.off.CompareAndSwap(false, true) {
-			i.cfg.Logger.DebugContext(ctx, "dedupe: the pool's connections are configured for pgx's batch (a tracer or another statement mode); claims go through it")
-		}
-		return nil, nil, direct.ErrNoDirect
-	}
-	for try := 0; ; try++ {
-		round, err := sendDirect(ctx, conn, st, i, &begin.Stmt, args, r)
-		if err == nil {
-			tx, err := direct.Adopt(ctx, conn, begin)
-			if err != nil {
-				direct.RollbackConn(ctx, conn)
-				release()
-				return nil, nil, err
+	var res direct.Result
+	tx, err := d.Round(ctx, i.direct, &i.ahead, begin, args, &res)
+	if err != nil {
+		switch {
+		case errors.Is(err, direct.ErrNoDirect):
+			if d.off.CompareAndSwap(false, true) {
+				i.cfg.Logger.DebugContext(ctx, "dedupe: the pool's connections are configured for pgx's batch (a tracer or another statement mode); claims go through it")
 			}
-			if pc != nil {
-				tx = &pooledTx{Tx: tx, conn: pc}
-			}
-			return (*pgxTx)(newGuard(tx)), round, nil
-		}
-		direct.RollbackConn(ctx, conn)
-		if try == 0 && direct.StaleStatement(err) && !conn.IsClosed() {
-			// A statement prepared on this connection went away (DEALLOCATE
-			// ALL) or its result type changed (ALTER TABLE): prepare anew.
-			derr := i.direct.Deallocate(ctx, conn, &begin.Stmt)
-			if derr == nil {
-				continue
-			}
-			err = errors.Join(err, derr)
-		}
-		release()
-		if errors.Is(err, direct.ErrTypes) {
+		case errors.Is(err, direct.ErrTypes):
 			i.directOff(ctx)
 		}
 		return nil, nil, err
 	}
+	return (*pgxTx)(newGuard(tx)), roundOf(&res, r.key), nil
 }
 
-// sendDirect claims r on conn in the direct round and learns the state of a
-// key it finds taken: one round trip, and a second for the read of a taken
-// key when the inbox's recent claims met no duplicate (internal/direct.Ahead). Both
-// drivers' direct rounds claim through it, so that they send the same.
+// sendDirect claims r on conn in the direct round (direct.Claim), over
+// database/sql's pgx connection (SQLDB.claimDirect).
 func sendDirect(ctx context.Context, conn *pgx.Conn, st *direct.Conn, i *Inbox, begin *direct.Stmt, args *direct.Args, r *claimReq) (*claimRound, error) {
 	var res direct.Result
-	n, ahead := i.ahead.Next()
-	if err := direct.Send(ctx, conn, st, i.direct, begin, args, ahead, &res); err != nil {
+	if err := direct.Claim(ctx, conn, st, i.direct, &i.ahead, begin, args, &res); err != nil {
 		return nil, err
-	}
-	if !res.Inserted {
-		i.ahead.Found(n)
-		if !ahead {
-			if err := direct.PeekAfter(ctx, conn, i.direct, args, &res); err != nil {
-				return nil, err
-			}
-		}
 	}
 	return roundOf(&res, r.key), nil
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/dedupe/internal/headerjson"
 )
 
 // Begin claims key in leased mode, for work whose side effects cannot share a
@@ -138,7 +140,7 @@ func (i *Inbox) CompleteTx(ctx context.Context, q Querier, c *Claim, result Resu
 }
 
 func (i *Inbox) complete(ctx context.Context, q Querier, c *Claim, result Result) error {
-	headers, err := headersArg(result.Headers)
+	headers, err := headerjson.Arg(result.Headers)
 	if err != nil {
 		return fmt.Errorf("dedupe: encode result headers: %w", bare(err))
 	}

@@ -1,4 +1,4 @@
-package dedupe
+package headerjson
 
 import (
 	"bytes"
@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// headersJSON writes what json.Marshal writes, byte for byte, for headers
+// Encode writes what json.Marshal writes, byte for byte, for headers
 // with every kind of character encoding/json escapes.
 func TestHeadersJSONMatchesEncodingJSON(t *testing.T) {
 	cases := []map[string][]string{
@@ -23,16 +23,16 @@ func TestHeadersJSONMatchesEncodingJSON(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := headersJSON(h)
+		got, err := Encode(h)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(got, want) {
-			t.Errorf("headersJSON(%q)\n got %s\nwant %s", h, got, want)
+			t.Errorf("Encode(%q)\n got %s\nwant %s", h, got, want)
 		}
 	}
-	if got, _ := headersJSON(nil); got != nil {
-		t.Errorf("headersJSON(nil) = %q, want nil (NULL)", got)
+	if got, _ := Encode(nil); got != nil {
+		t.Errorf("Encode(nil) = %q, want nil (NULL)", got)
 	}
 }
 
@@ -41,7 +41,7 @@ func FuzzHeadersJSON(f *testing.F) {
 	f.Fuzz(func(t *testing.T, k, v1, v2 string) {
 		h := map[string][]string{k: {v1, v2}, "K" + k: {v2}}
 		want, _ := json.Marshal(h)
-		got, _ := headersJSON(h)
+		got, _ := Encode(h)
 		if !bytes.Equal(got, want) {
 			t.Errorf("got %s, want %s", got, want)
 		}
