@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"time"
 
-	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/exactlyonce/dedupe"
@@ -16,11 +14,15 @@ import (
 	"github.com/exactlyonce/dedupe/internal/amqptest"
 )
 
-// amqpQueue declares a queue of its own on the machine's RabbitMQ (AMQP_URL,
-// else amqp://guest:guest@127.0.0.1:5672/) for one run and publishes its
-// backlog with confirms, each message with a unique Order-Id. cleanup
-// deletes the queue.
+// amqpQueue empties the run's effects (reset), declares a queue of its own
+// on the machine's RabbitMQ (AMQP_URL, else
+// amqp://guest:guest@127.0.0.1:5672/) for one run and publishes its backlog
+// with confirms, each message with a unique Order-Id. cleanup deletes the
+// queue.
 func (b *bench) amqpQueue(ctx context.Context, backlog int64) (url, queue string, cleanup func(), err error) {
+	if err := b.reset(ctx, b.run); err != nil {
+		return "", "", nil, err
+	}
 	url = amqptest.URL()
 	conn, err := amqptest.DialURL(url)
 	if err != nil {
@@ -67,12 +69,8 @@ func (b *bench) amqpQueue(ctx context.Context, backlog int64) (url, queue string
 // amqpHand is the hand-written amqp091-go consumer: one channel with the
 // runner's prefetch (max(2×workers, 8)) and manual acks feeding w workers,
 // each running the hand-written claim + effect transaction, committing, then
-// acking (a failed transaction is nacked with requeue). Latency: the
-// transaction.
+// acking (a failed transaction is nacked with requeue) (handConsume).
 func (b *bench) amqpHand(ctx context.Context, w int, sp span) (*sample, error) {
-	if err := b.reset(ctx, b.run); err != nil {
-		return nil, err
-	}
 	url, queue, cleanup, err := b.amqpQueue(ctx, sp.backlog)
 	if err != nil {
 		return nil, err
@@ -95,85 +93,33 @@ func (b *bench) amqpHand(ctx context.Context, w int, sp span) (*sample, error) {
 		return nil, err
 	}
 	win := newWindow(sp)
-	rctx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	for range w {
-		wg.Go(func() {
-			for {
-				var d amqp.Delivery
-				select {
-				case <-rctx.Done():
-					return
-				case m, ok := <-deliveries:
-					if !ok {
-						return
-					}
-					d = m
-				}
-				t0 := time.Now()
-				id, _ := d.Headers[idHeader].(string)
-				if _, err := b.handClaimEffectTx(rctx, benchScope, id); err != nil {
-					if rctx.Err() == nil {
-						win.fail(err)
-					}
-					_ = d.Nack(false, true)
-					continue
-				}
-				win.lat.add(time.Since(t0))
-				win.add(1) // committed, counted as the runner's are
-				if err := d.Ack(false); err != nil && rctx.Err() == nil {
-					win.fail(err)
-				}
-			}
-		})
-	}
-	s, err := win.measure(ctx, b.meter, b.opts.warmup)
-	stop()
-	wg.Wait()
-	if err != nil {
-		return nil, err
-	}
-	return s, b.checkEffects(ctx)
+	return b.drainRow(ctx, win, func(rctx context.Context) (func() error, error) {
+		var wg sync.WaitGroup
+		for range w {
+			wg.Go(func() {
+				handConsume(rctx, b, win, deliveries,
+					func(d amqp.Delivery) string { id, _ := d.Headers[idHeader].(string); return id },
+					func(d amqp.Delivery) error { return d.Ack(false) },
+					func(d amqp.Delivery) { _ = d.Nack(false, true) })
+			})
+		}
+		return func() error { wg.Wait(); return nil }, nil
+	})
 }
 
 // amqpRunner drains the same backlog with dedupeamqp.Runner (its default
-// prefetch). Latency: the handling, from the claim's BEGIN to a successful
-// COMMIT, timed by the inbox's Observer (window.observed).
+// prefetch) (runnerRow).
 func (b *bench) amqpRunner(ctx context.Context, w int, sp span) (*sample, error) {
-	if err := b.reset(ctx, b.run); err != nil {
-		return nil, err
-	}
 	url, queue, cleanup, err := b.amqpQueue(ctx, sp.backlog)
 	if err != nil {
 		return nil, err
 	}
 	defer cleanup()
-	win := newWindow(sp)
-	inbox, err := dedupe.New(b.pool, win.observed(b.inbox.Config()))
-	if err != nil {
-		return nil, err
-	}
-	r, err := dedupeamqp.New(inbox, url, queue, dedupeamqp.Config{
-		Scope:   benchScope,
-		Key:     dedupeamqp.HeaderKey(idHeader),
-		Workers: w,
-	}, func(ctx context.Context, tx pgx.Tx, _ amqp.Delivery) error {
-		_, err := tx.Exec(ctx, sqlEffect, dedupe.ClaimFromContext(ctx).Key.ID, body)
-		return err
+	return b.runnerRow(ctx, sp, func(inbox *dedupe.Inbox) (runner, error) {
+		return dedupeamqp.New(inbox, url, queue, dedupeamqp.Config{
+			Scope:   benchScope,
+			Key:     dedupeamqp.HeaderKey(idHeader),
+			Workers: w,
+		}, effect[amqp.Delivery])
 	})
-	if err != nil {
-		return nil, err
-	}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rctx) }()
-	s, err := win.measure(ctx, b.meter, b.opts.warmup)
-	stop()
-	if rerr := <-done; err == nil {
-		err = rerr
-	}
-	if err != nil {
-		return nil, err
-	}
-	return s, b.checkEffects(ctx)
 }

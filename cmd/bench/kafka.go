@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -28,9 +26,13 @@ const (
 	kafkaCommitInterval = time.Second
 )
 
-// kafkaTopic starts a kfake cluster whose topic has one partition per
-// worker (Kafka's unit of parallelism) and publishes the run's backlog.
+// kafkaTopic empties the run's effects (reset), starts a kfake cluster
+// whose topic has one partition per worker (Kafka's unit of parallelism)
+// and publishes the run's backlog.
 func (b *bench) kafkaTopic(ctx context.Context, partitions int, backlog int64) (brokers []string, cleanup func(), err error) {
+	if err := b.reset(ctx, b.run); err != nil {
+		return nil, nil, err
+	}
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(partitions), benchTopic),
 		kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	if err != nil {
@@ -88,9 +90,6 @@ func (b *bench) kafkaHandPerMessage(ctx context.Context, partitions int, sp span
 // kafkaHandCommitting is the hand-written consumer with the reader's
 // CommitInterval set to every (0: synchronous commits).
 func (b *bench) kafkaHandCommitting(ctx context.Context, partitions int, sp span, every time.Duration) (*sample, error) {
-	if err := b.reset(ctx, b.run); err != nil {
-		return nil, err
-	}
 	brokers, stopCluster, err := b.kafkaTopic(ctx, partitions, sp.backlog)
 	if err != nil {
 		return nil, err
@@ -101,91 +100,50 @@ func (b *bench) kafkaHandCommitting(ctx context.Context, partitions int, sp span
 	r := kafka.NewReader(rc)
 	defer r.Close()
 	win := newWindow(sp)
-	rctx, stop := context.WithCancel(ctx)
-	parts := make([]chan kafka.Message, partitions)
-	var wg sync.WaitGroup
-	for p := range parts {
-		parts[p] = make(chan kafka.Message, kafkaQueue)
+	return b.drainRow(ctx, win, func(rctx context.Context) (func() error, error) {
+		parts := make([]chan kafka.Message, partitions)
+		var wg sync.WaitGroup
+		for p := range parts {
+			parts[p] = make(chan kafka.Message, kafkaQueue)
+			wg.Go(func() {
+				handConsume(rctx, b, win, parts[p],
+					func(m kafka.Message) string { return dedupekafka.KeyFromHeaders(m, "Idempotency-Key") },
+					func(m kafka.Message) error { return r.CommitMessages(rctx, m) },
+					nil)
+			})
+		}
 		wg.Go(func() {
-			for m := range parts[p] {
-				id := dedupekafka.KeyFromHeaders(m, "Idempotency-Key")
-				t0 := time.Now()
-				if _, err := b.handClaimEffectTx(rctx, benchScope, id); err != nil {
-					if rctx.Err() == nil {
-						win.fail(err)
-					}
-					continue
+			defer func() {
+				for _, c := range parts {
+					close(c)
 				}
-				win.lat.add(time.Since(t0))
-				win.add(1) // committed, counted as the runner's are
-				if err := r.CommitMessages(rctx, m); err != nil && rctx.Err() == nil {
-					win.fail(err)
+			}()
+			for {
+				m, err := r.FetchMessage(rctx)
+				if err != nil {
+					return
+				}
+				select {
+				case parts[m.Partition%partitions] <- m:
+				case <-rctx.Done():
+					return
 				}
 			}
 		})
-	}
-	wg.Go(func() {
-		defer func() {
-			for _, c := range parts {
-				close(c)
-			}
-		}()
-		for {
-			m, err := r.FetchMessage(rctx)
-			if err != nil {
-				return
-			}
-			select {
-			case parts[m.Partition%partitions] <- m:
-			case <-rctx.Done():
-				return
-			}
-		}
+		return func() error { wg.Wait(); return nil }, nil
 	})
-	s, err := win.measure(ctx, b.meter, b.opts.warmup)
-	stop()
-	wg.Wait()
-	if err != nil {
-		return nil, err
-	}
-	return s, b.checkEffects(ctx)
 }
 
 // kafkaRunner drains the same backlog with dedupekafka.Runner in
-// per-message mode. Latency: the handling, from the claim's BEGIN to a
-// successful COMMIT, timed by the inbox's Observer (window.observed).
+// per-message mode (runnerRow).
 func (b *bench) kafkaRunner(ctx context.Context, partitions int, sp span) (*sample, error) {
-	if err := b.reset(ctx, b.run); err != nil {
-		return nil, err
-	}
 	brokers, stopCluster, err := b.kafkaTopic(ctx, partitions, sp.backlog)
 	if err != nil {
 		return nil, err
 	}
 	defer stopCluster()
-	win := newWindow(sp)
-	inbox, err := dedupe.New(b.pool, win.observed(b.inbox.Config()))
-	if err != nil {
-		return nil, err
-	}
-	run, err := dedupekafka.New(inbox, benchReaderConfig(brokers), dedupekafka.Config{Scope: benchScope, CommitInterval: kafkaCommitInterval},
-		func(ctx context.Context, tx pgx.Tx, _ kafka.Message) error {
-			_, err := tx.Exec(ctx, sqlEffect, dedupe.ClaimFromContext(ctx).Key.ID, body)
-			return err
-		})
-	if err != nil {
-		return nil, err
-	}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- run.Run(rctx) }()
-	s, err := win.measure(ctx, b.meter, b.opts.warmup)
-	stop()
-	if rerr := <-done; err == nil && rerr != nil && !errors.Is(rerr, context.Canceled) {
-		err = rerr
-	}
-	if err != nil {
-		return nil, err
-	}
-	return s, b.checkEffects(ctx)
+	return b.runnerRow(ctx, sp, func(inbox *dedupe.Inbox) (runner, error) {
+		return dedupekafka.New(inbox, benchReaderConfig(brokers), dedupekafka.Config{Scope: benchScope, CommitInterval: kafkaCommitInterval},
+			effect[kafka.Message])
+	})
 }

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/exactlyonce/dedupe"
@@ -44,9 +43,13 @@ func (b *bench) redisClient(ctx context.Context) (*redis.Client, error) {
 	return b.rdb, b.redisErr
 }
 
-// redisStream creates a stream with the group at 0 for one run and adds
-// its backlog, each entry with a unique id field.
+// redisStream empties the run's effects (reset), creates a stream with
+// the group at 0 for one run and adds its backlog, each entry with a unique
+// id field.
 func (b *bench) redisStream(ctx context.Context, backlog int64) (*redis.Client, string, func(), error) {
+	if err := b.reset(ctx, b.run); err != nil {
+		return nil, "", nil, err
+	}
 	rdb, err := b.redisClient(ctx)
 	if err != nil {
 		return nil, "", nil, err
@@ -72,110 +75,65 @@ func (b *bench) redisStream(ctx context.Context, backlog int64) (*redis.Client, 
 // redisHand is the hand-written go-redis consumer: one XREADGROUP loop
 // reading up to max(2×workers, 64) entries ahead, feeding w workers, each
 // running the hand-written claim + effect transaction, committing, then
-// XACK. Latency: the transaction.
+// XACK (handConsume).
 func (b *bench) redisHand(ctx context.Context, w int, sp span) (*sample, error) {
-	if err := b.reset(ctx, b.run); err != nil {
-		return nil, err
-	}
 	rdb, stream, cleanup, err := b.redisStream(ctx, sp.backlog)
 	if err != nil {
 		return nil, err
 	}
 	defer cleanup()
 	win := newWindow(sp)
-	msgs := make(chan redis.XMessage, max(2*w, 64))
-	rctx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		defer close(msgs)
-		for rctx.Err() == nil {
-			res, err := rdb.XReadGroup(rctx, &redis.XReadGroupArgs{
-				Group: redisGroup, Consumer: "hand", Streams: []string{stream, ">"},
-				Count: int64(max(2*w, 64) - len(msgs)), Block: time.Second,
-			}).Result()
-			if err != nil {
-				if !errors.Is(err, redis.Nil) && rctx.Err() == nil {
-					win.fail(err)
-				}
-				continue
-			}
-			for _, s := range res {
-				for _, m := range s.Messages {
-					select {
-					case msgs <- m:
-					case <-rctx.Done():
-						return
-					}
-				}
-			}
-		}
-	})
-	for range w {
+	return b.drainRow(ctx, win, func(rctx context.Context) (func() error, error) {
+		msgs := make(chan redis.XMessage, max(2*w, 64))
+		var wg sync.WaitGroup
 		wg.Go(func() {
-			for m := range msgs {
-				t0 := time.Now()
-				id, _ := m.Values["id"].(string)
-				if _, err := b.handClaimEffectTx(rctx, benchScope, id); err != nil {
-					if rctx.Err() == nil {
+			defer close(msgs)
+			for rctx.Err() == nil {
+				res, err := rdb.XReadGroup(rctx, &redis.XReadGroupArgs{
+					Group: redisGroup, Consumer: "hand", Streams: []string{stream, ">"},
+					Count: int64(max(2*w, 64) - len(msgs)), Block: time.Second,
+				}).Result()
+				if err != nil {
+					if !errors.Is(err, redis.Nil) && rctx.Err() == nil {
 						win.fail(err)
 					}
 					continue
 				}
-				win.lat.add(time.Since(t0))
-				win.add(1)
-				if err := rdb.XAck(rctx, stream, redisGroup, m.ID).Err(); err != nil && rctx.Err() == nil {
-					win.fail(err)
+				for _, s := range res {
+					for _, m := range s.Messages {
+						select {
+						case msgs <- m:
+						case <-rctx.Done():
+							return
+						}
+					}
 				}
 			}
 		})
-	}
-	s, err := win.measure(ctx, b.meter, b.opts.warmup)
-	stop()
-	wg.Wait()
-	if err != nil {
-		return nil, err
-	}
-	return s, b.checkEffects(ctx)
+		for range w {
+			wg.Go(func() {
+				handConsume(rctx, b, win, msgs,
+					func(m redis.XMessage) string { id, _ := m.Values["id"].(string); return id },
+					func(m redis.XMessage) error { return rdb.XAck(rctx, stream, redisGroup, m.ID).Err() },
+					nil)
+			})
+		}
+		return func() error { wg.Wait(); return nil }, nil
+	})
 }
 
-// redisRunner drains the same backlog with deduperedis.Runner. Latency:
-// the handling, from the claim's BEGIN to a successful COMMIT, timed by the
-// inbox's Observer (window.observed).
+// redisRunner drains the same backlog with deduperedis.Runner (runnerRow).
 func (b *bench) redisRunner(ctx context.Context, w int, sp span) (*sample, error) {
-	if err := b.reset(ctx, b.run); err != nil {
-		return nil, err
-	}
 	rdb, stream, cleanup, err := b.redisStream(ctx, sp.backlog)
 	if err != nil {
 		return nil, err
 	}
 	defer cleanup()
-	win := newWindow(sp)
-	inbox, err := dedupe.New(b.pool, win.observed(b.inbox.Config()))
-	if err != nil {
-		return nil, err
-	}
-	r, err := deduperedis.New(inbox, rdb, stream, redisGroup, deduperedis.Config{
-		Scope:    benchScope,
-		Consumer: "runner",
-		Workers:  w,
-	}, func(ctx context.Context, tx pgx.Tx, _ *deduperedis.Message) error {
-		_, err := tx.Exec(ctx, sqlEffect, dedupe.ClaimFromContext(ctx).Key.ID, body)
-		return err
+	return b.runnerRow(ctx, sp, func(inbox *dedupe.Inbox) (runner, error) {
+		return deduperedis.New(inbox, rdb, stream, redisGroup, deduperedis.Config{
+			Scope:    benchScope,
+			Consumer: "runner",
+			Workers:  w,
+		}, effect[*deduperedis.Message])
 	})
-	if err != nil {
-		return nil, err
-	}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rctx) }()
-	s, err := win.measure(ctx, b.meter, b.opts.warmup)
-	stop()
-	if rerr := <-done; err == nil {
-		err = rerr
-	}
-	if err != nil {
-		return nil, err
-	}
-	return s, b.checkEffects(ctx)
 }

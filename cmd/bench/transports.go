@@ -18,9 +18,13 @@ import (
 // idHeader carries the business key of the transports' messages.
 const idHeader = "Order-Id"
 
-// natsStream creates a stream and durable consumer for one run and
-// publishes its backlog, each message with a unique Order-Id.
+// natsStream empties the run's effects (reset), creates a stream and
+// durable consumer for one run and publishes its backlog, each message with
+// a unique Order-Id.
 func (b *bench) natsStream(ctx context.Context, backlog int64) (jetstream.Consumer, func(), error) {
+	if err := b.reset(ctx, b.run); err != nil {
+		return nil, nil, err
+	}
 	js := b.js
 	name := "BENCH" + strconv.FormatInt(b.seq.Add(1), 10)
 	subject := "bench." + name
@@ -62,66 +66,52 @@ func (b *bench) natsStream(ctx context.Context, backlog int64) (jetstream.Consum
 // natsHand is the hand-written JetStream consumer: one pull iterator with
 // the runner's read-ahead (max(2×workers, 64)) feeding w workers, each
 // running the hand-written claim + effect transaction, committing, then
-// DoubleAck, as the runner does by default. Latency: the transaction.
+// DoubleAck, as the runner does by default (handConsume).
 func (b *bench) natsHand(ctx context.Context, w int, sp span) (*sample, error) {
-	if err := b.reset(ctx, b.run); err != nil {
-		return nil, err
-	}
 	cons, cleanup, err := b.natsStream(ctx, sp.backlog)
 	if err != nil {
 		return nil, err
 	}
 	defer cleanup()
-	it, err := cons.Messages(jetstream.PullMaxMessages(max(2*w, 64)))
-	if err != nil {
-		return nil, err
-	}
 	win := newWindow(sp)
-	msgs := make(chan jetstream.Msg)
-	rctx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		defer close(msgs)
-		for {
-			m, err := it.Next()
-			if err != nil {
-				return
-			}
-			select {
-			case msgs <- m:
-			case <-rctx.Done():
-				return
-			}
+	return b.drainRow(ctx, win, func(rctx context.Context) (func() error, error) {
+		it, err := cons.Messages(jetstream.PullMaxMessages(max(2*w, 64)))
+		if err != nil {
+			return nil, err
 		}
+		msgs := make(chan jetstream.Msg)
+		var wg sync.WaitGroup
+		wg.Go(func() { natsFeed(rctx, it, msgs) })
+		for range w {
+			wg.Go(func() {
+				handConsume(rctx, b, win, msgs, natsID,
+					func(m jetstream.Msg) error { return m.DoubleAck(rctx) },
+					func(m jetstream.Msg) { _ = m.Nak() })
+			})
+		}
+		return func() error { it.Stop(); wg.Wait(); return nil }, nil
 	})
-	for range w {
-		wg.Go(func() {
-			for m := range msgs {
-				t0 := time.Now()
-				if _, err := b.handClaimEffectTx(rctx, benchScope, m.Headers().Get(idHeader)); err != nil {
-					if rctx.Err() == nil {
-						win.fail(err)
-					}
-					_ = m.Nak()
-					continue
-				}
-				win.lat.add(time.Since(t0))
-				win.add(1) // committed, counted as the runner's are
-				if err := m.DoubleAck(rctx); err != nil && rctx.Err() == nil {
-					win.fail(err)
-				}
-			}
-		})
-	}
-	s, err := win.measure(ctx, b.meter, b.opts.warmup)
-	stop()
-	it.Stop()
-	wg.Wait()
-	if err != nil {
-		return nil, err
-	}
-	return s, b.checkEffects(ctx)
 }
+
+// natsFeed passes the iterator's messages to msgs until it stops or ctx
+// ends, then closes msgs.
+func natsFeed(ctx context.Context, it jetstream.MessagesContext, msgs chan<- jetstream.Msg) {
+	defer close(msgs)
+	for {
+		m, err := it.Next()
+		if err != nil {
+			return
+		}
+		select {
+		case msgs <- m:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// natsID is a JetStream message's business key.
+func natsID(m jetstream.Msg) string { return m.Headers().Get(idHeader) }
 
 // natsBatch is the batch size of the batch-mode rows.
 const natsBatch = 100
@@ -141,44 +131,20 @@ func (b *bench) natsRunnerBatch(ctx context.Context, w int, sp span) (*sample, e
 
 // natsRunnerSized is natsRunner with Config.BatchSize batch.
 func (b *bench) natsRunnerSized(ctx context.Context, w int, sp span, batch int) (*sample, error) {
-	if err := b.reset(ctx, b.run); err != nil {
-		return nil, err
-	}
 	cons, cleanup, err := b.natsStream(ctx, sp.backlog)
 	if err != nil {
 		return nil, err
 	}
 	defer cleanup()
-	win := newWindow(sp)
-	inbox, err := dedupe.New(b.pool, win.observed(b.inbox.Config()))
-	if err != nil {
-		return nil, err
-	}
-	r, err := dedupenats.New(inbox, cons, dedupenats.Config{
-		Scope:      benchScope,
-		Key:        dedupenats.HeaderKey(idHeader),
-		Workers:    w,
-		BatchSize:  batch,
-		PullExpiry: time.Second, // a prompt stop after the window; a backlog fills every pull at once
-	}, func(ctx context.Context, tx pgx.Tx, _ jetstream.Msg) error {
-		_, err := tx.Exec(ctx, sqlEffect, dedupe.ClaimFromContext(ctx).Key.ID, body)
-		return err
+	return b.runnerRow(ctx, sp, func(inbox *dedupe.Inbox) (runner, error) {
+		return dedupenats.New(inbox, cons, dedupenats.Config{
+			Scope:      benchScope,
+			Key:        dedupenats.HeaderKey(idHeader),
+			Workers:    w,
+			BatchSize:  batch,
+			PullExpiry: time.Second, // a prompt stop after the window; a backlog fills every pull at once
+		}, effect[jetstream.Msg])
 	})
-	if err != nil {
-		return nil, err
-	}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rctx) }()
-	s, err := win.measure(ctx, b.meter, b.opts.warmup)
-	stop()
-	if rerr := <-done; err == nil {
-		err = rerr
-	}
-	if err != nil {
-		return nil, err
-	}
-	return s, b.checkEffects(ctx)
 }
 
 // natsHandBatch is the hand-written batch JetStream consumer doing the
@@ -189,85 +155,63 @@ func (b *bench) natsRunnerSized(ctx context.Context, w int, sp span, batch int) 
 // with a statement of its own (as the runner's per-message handler does),
 // commits, then DoubleAcks each message. Latency: the transaction.
 func (b *bench) natsHandBatch(ctx context.Context, w int, sp span) (*sample, error) {
-	if err := b.reset(ctx, b.run); err != nil {
-		return nil, err
-	}
 	cons, cleanup, err := b.natsStream(ctx, sp.backlog)
 	if err != nil {
 		return nil, err
 	}
 	defer cleanup()
-	it, err := cons.Messages(jetstream.PullMaxMessages(max(w*natsBatch, 64)))
-	if err != nil {
-		return nil, err
-	}
 	win := newWindow(sp)
-	msgs := make(chan jetstream.Msg, max(w*natsBatch, 64))
-	rctx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		defer close(msgs)
-		for {
-			m, err := it.Next()
-			if err != nil {
-				return
-			}
-			select {
-			case msgs <- m:
-			case <-rctx.Done():
-				return
-			}
+	return b.drainRow(ctx, win, func(rctx context.Context) (func() error, error) {
+		it, err := cons.Messages(jetstream.PullMaxMessages(max(w*natsBatch, 64)))
+		if err != nil {
+			return nil, err
 		}
-	})
-	for range w {
-		wg.Go(func() {
-			batch := make([]jetstream.Msg, 0, natsBatch)
-			ids := make([]string, 0, natsBatch)
-			for m := range msgs {
-				batch, ids = append(batch[:0], m), ids[:0]
-			fill:
-				for len(batch) < natsBatch {
-					select {
-					case m, ok := <-msgs:
-						if !ok {
+		msgs := make(chan jetstream.Msg, max(w*natsBatch, 64))
+		var wg sync.WaitGroup
+		wg.Go(func() { natsFeed(rctx, it, msgs) })
+		for range w {
+			wg.Go(func() {
+				batch := make([]jetstream.Msg, 0, natsBatch)
+				ids := make([]string, 0, natsBatch)
+				for m := range msgs {
+					batch, ids = append(batch[:0], m), ids[:0]
+				fill:
+					for len(batch) < natsBatch {
+						select {
+						case m, ok := <-msgs:
+							if !ok {
+								break fill
+							}
+							batch = append(batch, m)
+						default:
 							break fill
 						}
-						batch = append(batch, m)
-					default:
-						break fill
-					}
-				}
-				for _, m := range batch {
-					ids = append(ids, m.Headers().Get(idHeader))
-				}
-				t0 := time.Now()
-				if err := b.handClaimEffectsTx(rctx, ids); err != nil {
-					if rctx.Err() == nil {
-						win.fail(err)
 					}
 					for _, m := range batch {
-						_ = m.Nak()
+						ids = append(ids, natsID(m))
 					}
-					continue
-				}
-				win.lat.add(time.Since(t0))
-				win.add(int64(len(batch))) // committed, counted as the runner's are
-				for _, m := range batch {
-					if err := m.DoubleAck(rctx); err != nil && rctx.Err() == nil {
-						win.fail(err)
+					t0 := time.Now()
+					if err := b.handClaimEffectsTx(rctx, ids); err != nil {
+						if rctx.Err() == nil {
+							win.fail(err)
+						}
+						for _, m := range batch {
+							_ = m.Nak()
+						}
+						continue
+					}
+					win.lat.add(time.Since(t0))
+					win.add(int64(len(batch))) // committed, counted as the runner's are
+					for _, m := range batch {
+						if err := m.DoubleAck(rctx); err != nil && rctx.Err() == nil {
+							win.fail(err)
+						}
 					}
 				}
-			}
-		})
-	}
-	s, err := win.measure(ctx, b.meter, b.opts.warmup)
-	stop()
-	it.Stop()
-	wg.Wait()
-	if err != nil {
-		return nil, err
-	}
-	return s, b.checkEffects(ctx)
+			})
+		}
+		return func() error { it.Stop(); wg.Wait(); return nil }, nil
+	})
 }
 
 // handClaimEffectsTx is the hand-written batch transaction: one statement
