@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -123,18 +124,18 @@ func (b *BatchConsumer[M]) runOne(ctx context.Context, tx any, msg M) error {
 // reported processed for work that did not commit: the COMMIT proves, as
 // Consumer's does, that the transaction still holds the claims (the
 // savepoint taken after them), in the COMMIT's own round trip over pgx.
+// As under Consumer, a message whose handler ended the transaction never
+// runs again: what it wrote after the end may have committed on its own.
 // With a per-message handler over pgx the guard pins the end on the
-// message whose handler sent it: that message gets ErrTxEnded (OutcomeRetry,
-// its attempt counted), the ones before it are handled again and the ones
-// after it get ErrNotAttempted. A transaction ended and begun again commits
-// nothing and the batch is handled one message per transaction, in order,
-// which finds the culprit the same way. Where which handler's effects
-// committed cannot be told (over database/sql, a batch found with no
-// transaction open at its COMMIT, whose handlers' later statements may have
-// committed on their own; a handler that committed the claims itself, then
-// perhaps began again, without the guard pinning it on its message), every
-// new message of the batch gets OutcomePoisoned with ErrTxEnded (its key
-// marked failed), so that none of them runs again.
+// message whose handler left the transaction ended: that message gets
+// OutcomePoisoned with ErrTxEnded (its key marked failed), the ones before
+// it are handled again and the ones after it get ErrNotAttempted. Where the
+// end cannot be pinned on one message (a transaction ended and begun again,
+// which its COMMIT refuses; a batch handler; over database/sql, which has
+// no guard), every new message of the batch whose handler ran gets
+// OutcomePoisoned with ErrTxEnded, so that none of them runs again; claims a
+// handler committed itself are released first, and a message whose handler
+// had not run yet gets ErrNotAttempted.
 //
 // When the batch cannot run
 // as one (a serialization failure after TxRetries, a key whose lock times
@@ -274,18 +275,13 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, 
 		outcome, cerr := b.commit(ctx, tx, claims[fresh[0]])
 		switch {
 		case errors.Is(cerr, errEndedBehind):
-			// A handler ended the transaction: nothing of it commits now.
+			// A handler ended the transaction, and which one cannot be
+			// told (see endedAll): nothing of it commits now, and none of
+			// the new messages runs again.
 			_ = tx.Rollback(context.WithoutCancel(ctx))
-			cause := b.endedCause(cerr, nil)
-			if b.releaseCommitted(ctx, fresh, claims) || IsPermanent(cause) {
-				// Some of it committed before (see endedAll).
-				b.endedAll(ctx, fresh, claims, Permanent(cause), out)
-				copyResults(res, valid, out)
-				return nil
-			}
-			// It began another transaction, which the checked COMMIT
-			// refused: find the message one transaction at a time.
-			b.inOrder(ctx, mctx, msgs, keys, valid, res)
+			b.releaseCommitted(ctx, fresh, claims)
+			b.endedAll(ctx, fresh, claims, b.endedCause(cerr, nil), out)
+			copyResults(res, valid, out)
 			return nil
 		case errors.Is(cerr, errFailedTx):
 			// A handler swallowed a failed statement (database/sql shows
@@ -305,12 +301,12 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, 
 		return err // retryable, or cancelled: nothing committed
 	}
 	if failedAt < 0 {
-		ended := tx.ended()
+		ended := tx.ended() || b.claimsLost(ctx, tx)
 		_ = tx.Rollback(context.WithoutCancel(ctx))
-		if ended && b.releaseCommitted(ctx, fresh, claims) {
-			// A batch handler committed the claims itself, with some of
-			// their effects (see endedAll).
-			b.endedAll(ctx, fresh, claims, Permanent(herr), out)
+		if ended {
+			// A batch handler ended the transaction itself (see endedAll).
+			b.releaseCommitted(ctx, fresh, claims)
+			b.endedAll(ctx, fresh, claims, b.endedCause(herr, nil), out)
 			copyResults(res, valid, out)
 			return nil
 		}
@@ -318,7 +314,10 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, 
 		return nil
 	}
 	n := valid[failedAt]
-	ended := tx.ended()
+	// pinned: the guard saw this message's handler leave the transaction
+	// ended (pgx); otherwise an end found below may be any handler's.
+	pinned := tx.ended()
+	ended := pinned
 	if !ended {
 		// Record the failing message's attempt while its claim is held,
 		// give back the claims of the others, and commit just that.
@@ -335,7 +334,21 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, 
 		}
 	}
 	if ended {
-		b.endedAt(ctx, keys, valid, fresh, claims, failedAt, herr, res)
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		if !pinned {
+			// Over database/sql, or a transaction begun again: the end may
+			// be the work of any handler that ran. None of them runs again;
+			// the messages after the failing one did not run.
+			b.releaseCommitted(ctx, fresh, claims)
+			ran := fresh[:slices.Index(fresh, failedAt)+1]
+			b.endedAll(ctx, ran, claims, b.endedCause(herr, nil), out)
+			for _, j := range fresh[len(ran):] {
+				out[j] = BatchResult{Outcome: OutcomeRetry, Err: ErrNotAttempted}
+			}
+			copyResults(res, valid, out)
+			return nil
+		}
+		b.endedAt(ctx, keys, valid, fresh, claims, failedAt, b.endedCause(herr, nil), res)
 	}
 	// The messages before the failing one, again as a batch; the ones after
 	// it wait for their redelivery, so that order is kept.
@@ -387,6 +400,15 @@ func (b *BatchConsumer[M]) endedAt(ctx context.Context, keys []Key, valid, fresh
 	res[n].Outcome, res[n].Err = b.report(ctx, claims[failedAt], herr, poisoned, attempts, err)
 }
 
+// claimsLost reports whether tx, whose handler failed, no longer holds the
+// claims: the rollback to the savepoint taken after them finds no
+// transaction open, or another one (a handler ended it, then perhaps began
+// again). A round trip, on this failure path only.
+func (b *BatchConsumer[M]) claimsLost(ctx context.Context, tx txConn) bool {
+	_, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sqlSavepointName)
+	return errors.Is(translate(err), ErrTxEnded)
+}
+
 // releaseCommitted releases the claims of fresh that a handler committed
 // itself (a COMMIT sent as a statement) and reports whether there was any.
 func (b *BatchConsumer[M]) releaseCommitted(ctx context.Context, fresh []int, claims []*Claim) bool {
@@ -407,15 +429,15 @@ func (b *BatchConsumer[M]) releaseCommitted(ctx context.Context, fresh []int, cl
 }
 
 // endedAll records a batch whose transaction a handler ended where which
-// handler's effects committed cannot be told: over database/sql, with none
-// open at its COMMIT (a *sql.Tx cannot be guarded: the statements sent after
-// that end, by that handler and by the handlers after it, ran outside any
-// transaction, each committing on its own), or when a handler committed the
-// claims itself with part of the effects (its claims released by
-// releaseCommitted). Running any of them again could repeat an effect, so
-// every new message of the batch is recorded failed with cause (Permanent,
-// ErrTxEnded): reported OutcomePoisoned, never processed, its key marked
-// failed.
+// handler did it cannot be told: one ended and begun again (refused by its
+// COMMIT or by the rollback to the claims' savepoint), a batch handler's,
+// or over database/sql, which has no guard (the statements sent after that
+// end, by that handler and by the handlers after it, ran outside any
+// transaction, each committing on its own); claims a handler committed
+// itself were released by releaseCommitted. Running any of them again could
+// repeat an effect, so every message of fresh is recorded failed with cause
+// (Permanent, ErrTxEnded): reported OutcomePoisoned, never processed, its
+// key marked failed.
 func (b *BatchConsumer[M]) endedAll(ctx context.Context, fresh []int, claims []*Claim, cause error, out []BatchResult) {
 	i := b.inbox
 	for _, j := range fresh {

@@ -196,16 +196,26 @@ func keyOf[M any](cfg *ConsumerConfig[M], msg M) (Key, error) {
 //   - OutcomeRetry, *HandlerError: the handler failed or panicked (a
 //     *PanicError); its effects rolled back and the attempt was counted;
 //     redeliver later.
-//   - OutcomeRetry, ErrTxEnded (a *HandlerError): the handler ended its
-//     transaction itself (a COMMIT or ROLLBACK sent as a statement, perhaps
-//     followed by BEGIN), or a statement of it failed and it returned nil;
-//     nothing is reported processed, the attempt was counted. Over pgx the
-//     guard refuses every statement after the end; the COMMIT proves that
-//     the transaction still holds the claim, so one ended and begun again
-//     commits nothing. A *sql.Tx cannot be guarded: over database/sql, a
-//     transaction found with none open at its end (statements after it may
-//     have committed on their own) reports OutcomePoisoned with ErrTxEnded:
-//     the key is marked failed so that they never run again.
+//   - OutcomeRetry, ErrTxEnded (a *HandlerError): a statement of the
+//     handler failed and it returned nil; its effects rolled back, nothing is
+//     reported processed, the attempt was counted.
+//   - OutcomePoisoned, ErrTxEnded and ErrPoisoned (a *HandlerError): the
+//     handler ended its transaction itself (a COMMIT or ROLLBACK sent as a
+//     statement or through Conn(), perhaps followed by BEGIN, on any
+//     driver); nothing is reported processed, and the key is marked failed,
+//     in a transaction of its own, so that a redelivery never runs the
+//     handler again: what it wrote after the end may have committed on its
+//     own, outside the claim. Over pgx the guard refuses every statement
+//     sent after the end, but not the rest of the statement that ended it
+//     ("ROLLBACK; INSERT ..." sent as one simple-protocol query), nor a
+//     transaction the handler began and committed itself; a *sql.Tx cannot
+//     be guarded at all. The COMMIT proves that the transaction still holds
+//     the claim, so one ended and begun again commits nothing. (A handler
+//     whose COMMIT statement committed the claim with its effects gets
+//     OutcomeRetry with ErrTxEnded instead: the key is complete and the
+//     redelivery a duplicate.) Once the handler ended the transaction, the
+//     claim is gone: a duplicate delivered while it still runs may claim
+//     the key too. Inspect shows the key failed with the cause.
 //   - OutcomeRetry, context.Canceled (or the context's cause): ctx ended
 //     before the COMMIT (a shutdown); nothing committed and the attempt is
 //     not counted.

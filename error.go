@@ -69,7 +69,9 @@ var (
 	// ignored. Nothing is reported as processed: the COMMIT proves that the
 	// transaction still holds its claim (ClaimSavepoint). Over pgx the
 	// statements sent after the end are refused; a *sql.Tx cannot refuse
-	// them (see Consumer.Handle for what that means for the key).
+	// them, and nothing can refuse the rest of the statement that ended it.
+	// So a handler that ended its transaction has its key marked failed
+	// (OutcomePoisoned), never run again (see Consumer.Handle).
 	ErrTxEnded = errors.New("dedupe: the handler's transaction was ended or aborted behind dedupe's back")
 	// ErrReentrant: a handler called Handle (or Claim in a transaction of its
 	// own) for the very key it is handling, which would wait on itself

@@ -20,7 +20,7 @@ import (
 // report the message processed (before, it did, with nothing committed, so
 // every redelivery ran the effects again). Statements it sends after the
 // ROLLBACK are refused instead of running outside any transaction, and the
-// attempt counts, so a handler that always does this ends poisoned.
+// key is marked failed at once: a redelivery does not run it again.
 func TestHandlerRollbackStatementIsNotSuccess(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -37,8 +37,8 @@ func TestHandlerRollbackStatementIsNotSuccess(t *testing.T) {
 	})
 	ctx := context.Background()
 	out, err := c.Handle(ctx, order{ID: "o-rb"})
-	if err == nil || out == dedupe.OutcomeClaimed || !errors.Is(err, dedupe.ErrTxEnded) {
-		t.Fatalf("handle = %v, %v; want a failure matching ErrTxEnded", out, err)
+	if out != dedupe.OutcomePoisoned || !errors.Is(err, dedupe.ErrTxEnded) || !errors.Is(err, dedupe.ErrPoisoned) {
+		t.Fatalf("handle = %v, %v; want poisoned, matching ErrTxEnded", out, err)
 	}
 	if !errors.Is(afterEnd, dedupe.ErrTxEnded) {
 		t.Fatalf("statement after the ROLLBACK = %v, want refused with ErrTxEnded", afterEnd)
@@ -48,24 +48,29 @@ func TestHandlerRollbackStatementIsNotSuccess(t *testing.T) {
 	}
 	out, err = c.Handle(ctx, order{ID: "o-rb"})
 	if out != dedupe.OutcomePoisoned || !errors.Is(err, dedupe.ErrPoisoned) {
-		t.Fatalf("second attempt = %v, %v; want poisoned after MaxAttempts", out, err)
+		t.Fatalf("redelivery = %v, %v; want poisoned", out, err)
 	}
 }
 
 // TestHandlerEndingItsTransactionOnAPoolOfOneConnection: a handler that
 // ends the claim's transaction with a statement, on a pool of one
-// connection. Handle counts the attempt on a connection of its own, and
+// connection. Handle records the key on a connection of its own, and
 // waited for its context's end before (found by review: the ended
 // transaction kept the only connection until Handle returned). A COMMIT
 // statement committed the claim with the effect: the redelivery is a
-// duplicate. Over the direct claim round and over pgx's batch (a tracer).
+// duplicate. After a ROLLBACK statement the key is marked failed: the
+// redelivery is a settled failure and does not run the handler (what a
+// statement that ended the transaction wrote after the end, in the same
+// simple query, would commit again). Over the direct claim round and over
+// pgx's batch (a tracer).
 func TestHandlerEndingItsTransactionOnAPoolOfOneConnection(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		stmt    string
-		effects int
-		again   dedupe.Outcome
-	}{{"COMMIT", 1, dedupe.OutcomeDuplicate}, {"ROLLBACK", 0, dedupe.OutcomeClaimed}} {
+		stmt     string
+		effects  int
+		again    dedupe.Outcome
+		againErr error
+	}{{"COMMIT", 1, dedupe.OutcomeDuplicate, nil}, {"ROLLBACK", 0, dedupe.OutcomePoisoned, dedupe.ErrPoisoned}} {
 		for _, traced := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/traced=%v", tc.stmt, traced), func(t *testing.T) {
 				t.Parallel()
@@ -102,11 +107,11 @@ func TestHandlerEndingItsTransactionOnAPoolOfOneConnection(t *testing.T) {
 					t.Fatalf("effects = %d, want %d", got, tc.effects)
 				}
 				end.Store(false)
-				if out, err := c.Handle(ctx, order{ID: "k"}); err != nil || out != tc.again {
-					t.Fatalf("redelivery = %v, %v; want %v", out, err, tc.again)
+				if out, err := c.Handle(ctx, order{ID: "k"}); out != tc.again || tc.againErr == nil && err != nil || !errors.Is(err, tc.againErr) {
+					t.Fatalf("redelivery = %v, %v; want %v, %v", out, err, tc.again, tc.againErr)
 				}
-				if got := b.effects(t, "k"); got != 1 {
-					t.Fatalf("effects after the redelivery = %d, want 1", got)
+				if got := b.effects(t, "k"); got != tc.effects {
+					t.Fatalf("effects after the redelivery = %d, want %d", got, tc.effects)
 				}
 			})
 		}

@@ -33,9 +33,9 @@ import (
 // (outbox.RelayConfig.PollInterval). A handler's *sql.Tx cannot be guarded, but
 // its COMMIT proves that it still holds the claim: a handler that commits
 // or rolls back itself (and perhaps begins again) gets ErrTxEnded from
-// Handle, nothing is reported processed, and its effects commit at most
-// once (Handle says how). Over pgx's stdlib the proof costs no round trip;
-// over other drivers one.
+// Handle, nothing is reported processed, its key is marked failed as over
+// pgx, and its effects commit at most once (Handle says how). Over pgx's
+// stdlib the proof costs no round trip; over other drivers one.
 func SQL(db *sql.DB) *SQLDB { return &SQLDB{sqlQuerier: sqlQuerier{db}, db: db} }
 
 // SQLTx wraps a database/sql transaction for the calls that join the

@@ -211,46 +211,62 @@ func (d *txDriver) failed(ctx context.Context, tx txConn, claim *Claim, herr err
 		err      error
 	)
 	ended := tx.ended() || errors.Is(herr, errEndedBehind)
+	byHandler := ended
 	if !ended {
 		if poisoned, attempts, err = d.recordFailedTx(ctx, tx, sqlSavepointName, claim, herr); err == nil {
 			err = translate(tx.Commit(ctx))
 		}
-		// database/sql learns only now that the handler ended it.
+		// database/sql learns only now that the handler ended it: the
+		// claim's savepoint or transaction is gone. A *sql.Tx whose COMMIT
+		// found it failed (errFailedTx) was ended by that COMMIT.
 		ended = errors.Is(err, ErrTxEnded)
-		if ended && errors.Is(herr, errFailedTx) {
-			herr = err
-		}
+		byHandler = ended && (!errors.Is(herr, errFailedTx) || errors.Is(err, errTxIdle) || errors.Is(err, errTxRestarted))
 	}
 	if ended {
-		// The handler ended the transaction; the claim went with it. Count
-		// the attempt on its own, once the transaction has given its
-		// connection back: on a pool of one connection the count would wait
-		// for it.
+		// The handler ended the transaction; the claim went with it. Record
+		// the key failed on its own, once the transaction has given its
+		// connection back: on a pool of one connection the record would
+		// wait for it.
 		_ = tx.Rollback(context.WithoutCancel(ctx))
-		herr = d.endedCause(herr, err)
+		if ctx.Err() != nil {
+			// database/sql ended it as the context ended: a shutdown.
+			o, err, _ := d.notAnAttempt(ctx, claim, herr)
+			return o, err
+		}
+		if byHandler {
+			herr = d.endedCause(herr, err)
+		}
 		attempts, poisoned, err = d.inbox.recordFailure(ctx, claim.Key, herr, d.maxAttempts)
 	}
 	return d.report(ctx, claim, herr, poisoned, attempts, err)
 }
 
 // endedCause is the failure recorded for an attempt whose handler ended the
-// claim's transaction itself (herr, or err, the error that showed it). Over
-// pgx the guard refused every statement after that end, so nothing of the
-// attempt committed and a redelivery may try again. A *sql.Tx cannot be
-// guarded: statements a handler sent after ending it ran outside any
-// transaction, each committing on its own, and running the handler again
-// would repeat them. So when no transaction was open at its end, over
-// database/sql, the failure is permanent: the key is marked failed, and
-// nothing of the handler runs twice.
+// claim's transaction itself (herr, or err, the error that showed it): a
+// Permanent one, so that its key is marked failed and a redelivery never
+// runs the handler again. What the handler wrote after the end cannot be
+// told: over pgx the guard refuses its later statements, but not the rest
+// of a statement that ended the transaction ("ROLLBACK; INSERT ...", one
+// simple-protocol query), nor what a transaction it began again and
+// committed itself held; a *sql.Tx cannot be guarded at all. Any of that
+// committed on its own, outside the claim, and would commit again.
 func (d *txDriver) endedCause(herr, err error) error {
 	if !errors.Is(herr, ErrTxEnded) {
 		herr = errors.Join(herr, err)
 	}
-	if _, isSQL := d.inbox.drv.(*SQLDB); isSQL && (errors.Is(herr, errTxIdle) || errors.Is(err, errTxIdle)) {
-		return Permanent(herr)
-	}
-	return herr
+	return Permanent(wrap(errHandlerEnded, herr))
 }
+
+// errHandlerEnded is the cause of a key marked failed because its handler
+// ended the claim's transaction itself (endedCause). It matches ErrTxEnded.
+var errHandlerEnded error = handlerEnded{}
+
+type handlerEnded struct{}
+
+func (handlerEnded) Error() string {
+	return "dedupe: the handler ended its transaction itself (a COMMIT or ROLLBACK sent as a statement); the key is marked failed so that nothing of it runs again"
+}
+func (handlerEnded) Is(target error) bool { return target == ErrTxEnded }
 
 // notAnAttempt handles the handler failures that are not the message's
 // fault: a cancelled context (shutdown) and a serialization failure or

@@ -40,6 +40,7 @@ type outcomeRow[TTx any] struct {
 	proxy    func(b *bundle[TTx], inbox **dedupe.Inbox) pgproxy.Policy
 	want     dedupe.Outcome
 	is       error // nil: no error
+	poisoned bool  // the error matches ErrPoisoned too
 	attempts int
 	effects  int
 }
@@ -69,11 +70,20 @@ func outcomeRows[TTx any]() []outcomeRow[TTx] {
 			_ = insertEffect(ctx, k, tx)
 			panic(boom)
 		}, want: dedupe.OutcomeRetry, is: boom, attempts: 1},
-		{name: "RetryTxEndedAndBegunAgain", handler: func(ctx context.Context, k kit[TTx], tx TTx, _ *dedupe.Consumer[string], _ context.CancelFunc) error {
+		{name: "PoisonedTxEndedAndBegunAgain", handler: func(ctx context.Context, k kit[TTx], tx TTx, _ *dedupe.Consumer[string], _ context.CancelFunc) error {
 			if err := k.exec(ctx, tx, "ROLLBACK; BEGIN"); err != nil {
 				return err
 			}
 			return insertEffect(ctx, k, tx)
+		}, want: dedupe.OutcomePoisoned, is: dedupe.ErrTxEnded, poisoned: true, attempts: 1},
+		{name: "PoisonedTxEndedWithAWriteAfterIt", handler: func(ctx context.Context, k kit[TTx], tx TTx, _ *dedupe.Consumer[string], _ context.CancelFunc) error {
+			// One simple-protocol statement: no guard sees between the two.
+			return k.exec(ctx, tx, `ROLLBACK; INSERT INTO effects (key) VALUES ('o-1')`)
+		}, want: dedupe.OutcomePoisoned, is: dedupe.ErrTxEnded, poisoned: true, attempts: 1, effects: 1},
+		{name: "RetryStatementFailedHandlerReturnsNil", handler: func(ctx context.Context, k kit[TTx], tx TTx, _ *dedupe.Consumer[string], _ context.CancelFunc) error {
+			_ = insertEffect(ctx, k, tx)
+			_ = k.exec(ctx, tx, `INSERT INTO no_such_table VALUES (1)`)
+			return nil
 		}, want: dedupe.OutcomeRetry, is: dedupe.ErrTxEnded, attempts: 1},
 		{name: "RetryCancelledHandlerFails", handler: func(ctx context.Context, k kit[TTx], tx TTx, _ *dedupe.Consumer[string], cancel context.CancelFunc) error {
 			_ = insertEffect(ctx, k, tx)
@@ -185,6 +195,9 @@ func outcomeTable[TTx any](t *testing.T, k kit[TTx]) {
 			}
 			if row.is == nil && err != nil || row.is != nil && !errors.Is(err, row.is) {
 				t.Fatalf("error %v, want one matching %v", err, row.is)
+			}
+			if row.poisoned && !errors.Is(err, dedupe.ErrPoisoned) {
+				t.Fatalf("error %v, want one matching ErrPoisoned too", err)
 			}
 			if err != nil {
 				for _, line := range strings.Split(err.Error(), "\n") {
