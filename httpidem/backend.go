@@ -89,15 +89,6 @@ func endedBehind(err error) bool {
 	return err != nil && (errors.Is(err, sql.ErrTxDone) || errors.Is(dedupe.CommitError(err), dedupe.ErrTxEnded))
 }
 
-// noTxOpen reports whether err says that no transaction was open when the
-// middleware's statement ran (SQLSTATE 25P01): the handler ended the
-// request transaction and began none, so that its later statements, over
-// database/sql, ran and committed on their own.
-func noTxOpen(err error) bool {
-	var s interface{ SQLState() string }
-	return errors.As(err, &s) && s.SQLState() == "25P01"
-}
-
 // checkedBegin returns opts for the handler's transaction in leased mode:
 // its BEGIN takes the claim's savepoint in the same round trip, and its
 // COMMIT releases it first (dedupe.CheckedTxOptions).

@@ -25,11 +25,30 @@ import (
 // own, and the key then answers 500 from now on (at most once).
 func TestIdemHandlerEndingItsTxWithAStatement(t *testing.T) {
 	t.Parallel()
-	for _, stmt := range []string{"ROLLBACK", "ROLLBACK; BEGIN", "COMMIT", "COMMIT; BEGIN"} {
-		t.Run(stmt, func(t *testing.T) {
+	// The last two end the transaction and write in one simple-protocol
+	// statement, which no guard sees between the two: the row commits on its
+	// own, and no later execution of the key may commit one of its own.
+	inline := `INSERT INTO orders (tenant_id, cart_id, total_cents) VALUES ('acme', 'call-1-inline', 1)`
+	// Those run under RetryServerErrors too: the key must answer 500 from
+	// then on whatever the policy for a handler's own 5xx.
+	type endCase struct {
+		stmt   string
+		policy httpidem.ServerErrorPolicy
+	}
+	cases := []endCase{{"ROLLBACK", 0}, {"ROLLBACK; BEGIN", 0}, {"COMMIT", 0}, {"COMMIT; BEGIN", 0}}
+	for _, p := range []httpidem.ServerErrorPolicy{httpidem.StoreServerErrors, httpidem.RetryServerErrors} {
+		cases = append(cases, endCase{"ROLLBACK; " + inline, p}, endCase{"ROLLBACK; BEGIN; " + inline + "; COMMIT; BEGIN", p})
+	}
+	for _, ec := range cases {
+		stmt := ec.stmt
+		name := strings.ReplaceAll(stmt, inline, "INSERT")
+		if ec.policy == httpidem.RetryServerErrors {
+			name += "/RetryServerErrors"
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			forDriversModes(t, func(t *testing.T, drv driver, mode httpidem.Mode) {
-				b := setupOn(t, drv, httpidem.Config{Mode: mode})
+				b := setupOn(t, drv, httpidem.Config{Mode: mode, ServerErrors: ec.policy})
 				h := b.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 					n := b.calls.Add(1)
 					tx, err := b.requestTx(r.Context())
@@ -77,7 +96,7 @@ func TestIdemHandlerEndingItsTxWithAStatement(t *testing.T) {
 				}
 				calls := map[string]bool{}
 				for c := range committed {
-					calls[strings.TrimSuffix(c, "-after")] = true
+					calls[strings.TrimSuffix(strings.TrimSuffix(c, "-after"), "-inline")] = true
 				}
 				if len(calls) > 1 {
 					t.Fatalf("committed rows %v: the effects of %d executions, want at most one", committed, len(calls))

@@ -278,12 +278,9 @@ type settlement struct {
 	claim         *dedupe.Claim
 	tx            reqTx // the request transaction, nil if none
 	status        txState
-	transactional bool // the claim is in tx
-	// idle: over database/sql, the handler ended the transaction and began
-	// none, so that its later statements may have committed on their own.
-	idle bool
-	log  *slog.Logger // built by logger when first needed
-	err  error        // for the Observer: why the key was not settled with a stored answer (nil when it was)
+	transactional bool         // the claim is in tx
+	log           *slog.Logger // built by logger when first needed
+	err           error        // for the Observer: why the key was not settled with a stored answer (nil when it was)
 }
 
 func (m *Middleware) newSettlement(rctx context.Context, claim *dedupe.Claim, tx reqTx) *settlement {
@@ -486,10 +483,19 @@ func (s *settlement) ended(w http.ResponseWriter, r *http.Request) {
 			m.refuse(w, r, &Error{Status: http.StatusServiceUnavailable, Err: ErrStore, Detail: "nothing was committed", RetryAfter: 1})
 			return
 		}
+		// What the handler wrote after the end (the rest of the statement
+		// that ended the transaction, a transaction it began and committed
+		// itself; over database/sql any later statement) may have committed
+		// on its own: the key answers 500 from now on, whatever
+		// Config.ServerErrors says, so that it runs at most once.
 		rec := newRecorder(context.Background(), m.cfg.MaxResponseBytes, false)
 		WriteError(rec, r, endedErr)
-		s.logger().ErrorContext(s.ctx, "httpidem: the handler ended the request transaction itself")
-		s.serverError(w, rec, endedErr, false) // with no tx: always answers
+		s.logger().ErrorContext(s.ctx, "httpidem: the handler ended the request transaction itself; the key answers 500 from now on")
+		if err := m.inbox.Complete(s.ctx, s.claim, rec.result(m.cfg.StoredHeaders)); err != nil && !errors.Is(err, dedupe.ErrLeaseLost) {
+			s.logger().ErrorContext(s.ctx, "httpidem: storing the error response failed", "err", err)
+			s.releaseLeased(endedErr)
+		}
+		rec.writeTo(w)
 		return
 	}
 	committed, err := m.inbox.Resolve(s.ctx, s.claim)
@@ -510,21 +516,21 @@ func (s *settlement) ended(w http.ResponseWriter, r *http.Request) {
 	case broken:
 		s.logger().ErrorContext(s.ctx, "httpidem: the request transaction's connection was lost; nothing committed")
 		m.refuse(w, r, &Error{Status: http.StatusServiceUnavailable, Err: ErrStore, Detail: "nothing was committed", RetryAfter: 1})
-	case s.idle:
-		// The claim went with the handler's ROLLBACK, but the statements
-		// it sent after it ran outside any transaction, over database/sql,
-		// and may have committed: the key answers 500 from now on, so that
-		// they run at most once.
-		s.logger().ErrorContext(s.ctx, "httpidem: the handler rolled the request transaction back itself and wrote on outside it; the key answers 500 from now on")
+	default:
+		// The claim went with the handler's ROLLBACK, but what it wrote
+		// after it may have committed on its own: the rest of the
+		// statement that ended the transaction ("ROLLBACK; INSERT ...",
+		// which no guard sees between the two), a transaction it began
+		// and committed itself, and over database/sql any later statement.
+		// The key answers 500 from now on, so that it runs at most once
+		// (as a Consumer marks such a key failed).
+		s.logger().ErrorContext(s.ctx, "httpidem: the handler rolled the request transaction back itself; the key answers 500 from now on")
 		rec := newRecorder(context.Background(), m.cfg.MaxResponseBytes, false)
 		WriteError(rec, r, endedErr)
 		if err := s.storeAgain(rec.result(m.cfg.StoredHeaders)); err != nil {
 			s.logger().ErrorContext(s.ctx, "httpidem: storing the error response failed", "err", err)
 		}
 		rec.writeTo(w)
-	default:
-		s.logger().ErrorContext(s.ctx, "httpidem: the handler rolled the request transaction back itself; nothing committed")
-		m.refuse(w, r, endedErr)
 	}
 }
 
@@ -561,7 +567,6 @@ func (s *settlement) endedBehind(err error) bool {
 		return false
 	}
 	s.status = txEnded
-	s.idle = s.m.be.isSQL() && noTxOpen(err)
 	return true
 }
 

@@ -69,7 +69,8 @@ func Tx(ctx context.Context) (pgx.Tx, error) {
 // nothing is stored in, nor committed with, a transaction the handler ended,
 // or began again, and no 2xx is stored for work that did not commit, in
 // either mode. Statements the handler sent after its ROLLBACK, outside any
-// transaction, committed on their own: the key then answers 500 from now on,
+// transaction, committed on their own: the key then answers 500 from now on
+// (as over pgx, for every transaction ended behind the middleware's back),
 // so that they run at most once. This costs one round trip per request over
 // database/sql (and, in leased mode, one more when the handler opens its
 // transaction); over pgx the check goes with statements already sent.
