@@ -296,6 +296,11 @@ type templateData struct {
 	Schema            string // quoted schema, or "" for search_path
 	Inbox             string // quoted, qualified inbox table
 	InboxExpiresIndex string // quoted index name (unqualified: it lives with its table)
+	InboxLiteral      string // the qualified inbox table as a string literal (for ::regclass)
+	// The domains of the inbox's scope and key columns and of its state
+	// column (quoted, qualified: types live in the table's schema), and the
+	// key domain as a string literal (for to_regtype).
+	InboxKeyDomain, InboxStateDomain, InboxKeyDomainLiteral string
 
 	Outbox               string // quoted, qualified outbox table
 	OutboxPendingIndex   string // quoted index names of the outbox
@@ -307,6 +312,8 @@ func newTemplateData(c MigrateConfig) templateData {
 	d := templateData{
 		Inbox:             qualify(c.Schema, c.InboxTable),
 		InboxExpiresIndex: pgx.Identifier{c.InboxTable + "_expires_at_idx"}.Sanitize(),
+		InboxKeyDomain:    qualify(c.Schema, c.InboxTable+"_keypart"),
+		InboxStateDomain:  qualify(c.Schema, c.InboxTable+"_state"),
 
 		Outbox:               qualify(c.Schema, c.OutboxTable),
 		OutboxPendingIndex:   pgx.Identifier{c.OutboxTable + "_pending_idx"}.Sanitize(),
@@ -316,8 +323,12 @@ func newTemplateData(c MigrateConfig) templateData {
 	if c.Schema != "" {
 		d.Schema = pgx.Identifier{c.Schema}.Sanitize()
 	}
+	d.InboxLiteral, d.InboxKeyDomainLiteral = sqlLiteral(d.Inbox), sqlLiteral(d.InboxKeyDomain)
 	return d
 }
+
+// sqlLiteral quotes s as an SQL string literal.
+func sqlLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // renderLine reads the embedded migrations of line l and fills in c's names.
 func renderLine(c MigrateConfig, l Line) ([]Migration, error) {
