@@ -11,4 +11,8 @@
 //
 // The package is an ordinary public package (it does not import testing),
 // so a program copied from an example keeps building.
+//
+// It is a library that the examples share, not an example: there is nothing
+// to run here (the programs are the directories of examples/ that have a
+// README).
 package embedded

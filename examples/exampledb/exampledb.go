@@ -1,16 +1,14 @@
-// Package exampledb is how every example finds PostgreSQL: the one flag
-// (-database-url), the one variable (DATABASE_URL) and the one local
-// fallback (LocalURL), and what to say when nothing answers.
-//
-// It is an ordinary public package (it does not import testing), so a
-// program copied from an example keeps building.
 package exampledb
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,7 +32,7 @@ func Default(getenv func(string) string) string {
 
 // Flag defines -database-url on fs, its default Default(getenv).
 func Flag(fs *flag.FlagSet, getenv func(string) string) *string {
-	return fs.String(FlagName, Default(getenv), "PostgreSQL connection URL (default: $DATABASE_URL, else "+LocalURL+")")
+	return fs.String(FlagName, Default(getenv), "PostgreSQL connection `URL` ($DATABASE_URL when set, else the local server)")
 }
 
 // HowToProvide says how to give an example a PostgreSQL server.
@@ -78,4 +76,35 @@ func Source(url string, getenv func(string) string) string {
 		return "DATABASE_URL"
 	}
 	return "-" + FlagName
+}
+
+// KeepSchemaFlag is the flag with which a demo that runs and exits keeps
+// its schema and tables at exit, to look at them; by default it drops them.
+const KeepSchemaFlag = "keep-schema"
+
+// KeepSchemaVar defines -keep-schema on fs, stored in p.
+func KeepSchemaVar(fs *flag.FlagSet, p *bool) {
+	fs.BoolVar(p, KeepSchemaFlag, false, "keep the schema and its tables at exit (default: drop them)")
+}
+
+// SchemaName returns a fresh name for the schema of one run of the demo
+// named example: "dedupe_", the example's name (dashes as underscores),
+// "_" and 8 random hex digits, e.g. dedupe_watermill_router_1f0c9a2b.
+func SchemaName(example string) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return "dedupe_" + strings.ReplaceAll(example, "-", "_") + "_" + hex.EncodeToString(b)
+}
+
+// InSchema returns the URL u (postgres://...) with its search_path set to
+// schema, so that every connection opened from it works there.
+func InSchema(u, schema string) (string, error) {
+	p, err := url.Parse(u)
+	if err != nil || (p.Scheme != "postgres" && p.Scheme != "postgresql") {
+		return "", errors.New("database URL: want postgres://... (not shown; it may hold a password)")
+	}
+	q := p.Query()
+	q.Set("search_path", schema)
+	p.RawQuery = q.Encode()
+	return p.String(), nil
 }

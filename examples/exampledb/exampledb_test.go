@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"net"
+	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -51,5 +53,31 @@ func TestCheckSaysWhatToDo(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), "secret") {
 		t.Errorf("error shows the password:\n%v", err)
+	}
+}
+
+// TestSchemaName: dedupe_<example>_<8 hex digits>, fresh each time.
+func TestSchemaName(t *testing.T) {
+	a, b := SchemaName("watermill-router"), SchemaName("watermill-router")
+	if !regexp.MustCompile(`^dedupe_watermill_router_[0-9a-f]{8}$`).MatchString(a) || a == b {
+		t.Fatalf("SchemaName = %q, then %q", a, b)
+	}
+}
+
+// TestInSchema: the search_path is set (replacing one already there) and
+// the rest of the URL kept; a URL that is not postgres:// is refused
+// without echoing it.
+func TestInSchema(t *testing.T) {
+	got, err := InSchema("postgres://u:pw@h:5432/db?sslmode=disable&search_path=old", "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := url.Parse(got)
+	if err != nil || p.Query().Get("search_path") != "s1" || p.Query().Get("sslmode") != "disable" ||
+		p.Host != "h:5432" || p.Path != "/db" || p.User.String() != "u:pw" {
+		t.Fatalf("InSchema = %q, %v", got, err)
+	}
+	if _, err := InSchema("host=h password=secret", "s1"); err == nil || strings.Contains(err.Error(), "secret") {
+		t.Fatalf("InSchema of a key=value string: %v", err)
 	}
 }

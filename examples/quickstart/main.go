@@ -53,7 +53,7 @@ func parseFlags(args []string) (demo.Options, error) {
 	fs.Float64Var(&o.FailRate, "fail", 0.1, "share of orders whose first attempt fails (and is redelivered)")
 	fs.IntVar(&o.Consumers, "consumers", 3, "concurrent consumer processes (each with its own NATS connection)")
 	fs.IntVar(&o.Workers, "workers", 4, "workers per consumer")
-	fs.BoolVar(&o.KeepSchema, "keep-schema", false, "keep the schema and its tables at exit (default: drop them)")
+	exampledb.KeepSchemaVar(fs, &o.KeepSchema)
 	verbose := fs.Bool("v", false, "log every message")
 	if err := fs.Parse(args); err != nil {
 		return o, err

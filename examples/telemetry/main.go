@@ -49,7 +49,7 @@ func main() {
 	fs.Float64Var(&o.FailRate, "fail", 0.34, "share of orders whose first attempt fails (and is redelivered)")
 	fs.IntVar(&o.Consumers, "consumers", 2, "concurrent consumers")
 	fs.IntVar(&o.Workers, "workers", 2, "workers per consumer")
-	fs.BoolVar(&o.KeepSchema, "keep-schema", false, "keep the schema and its tables at exit (default: drop them)")
+	exampledb.KeepSchemaVar(fs, &o.KeepSchema)
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}

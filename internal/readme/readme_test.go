@@ -190,3 +190,60 @@ func TestExamplesImportNoInternal(t *testing.T) {
 		}
 	}
 }
+
+// TestExamplesSayWhatTheyAre: every program of examples/ has a README that
+// says where its tables go and what to do when something is missing, and
+// says it the way its kind does: a demo that runs and exits works in a
+// schema of its own and takes -keep-schema; a service names its tables
+// and the DROP that removes them. Every other package directly under
+// examples/ is a library the examples share, and its doc.go says so.
+func TestExamplesSayWhatTheyAre(t *testing.T) {
+	root := repoRoot(t)
+	cmd := exec.Command("go", "list", "-f", `{{.Dir}} {{.Name}}`, "github.com/exactlyonce/dedupe/examples/...")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	programs := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		dir, name, _ := strings.Cut(line, " ")
+		rel, err := filepath.Rel(filepath.Join(root, "examples"), dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name != "main" {
+			if strings.Contains(rel, string(filepath.Separator)) {
+				continue // a program's own package (quickstart/demo): its README covers it
+			}
+			doc, err := os.ReadFile(filepath.Join(dir, "doc.go"))
+			if err != nil || !strings.Contains(string(doc), "not an example") {
+				t.Errorf("examples/%s is a library: its doc.go must say it is not an example (%v)", rel, err)
+			}
+			continue
+		}
+		programs++
+		readme, err := os.ReadFile(filepath.Join(dir, "README.md"))
+		if err != nil {
+			t.Errorf("examples/%s has no README: %v", rel, err)
+			continue
+		}
+		text := string(readme)
+		for _, h := range []string{"\n## Its tables\n", "\n## When something is missing\n"} {
+			if !strings.Contains(text, h) {
+				t.Errorf("examples/%s/README.md has no section %q", rel, strings.TrimSpace(h))
+			}
+		}
+		_, tables, _ := strings.Cut(text, "\n## Its tables\n")
+		tables, _, _ = strings.Cut(tables, "\n## ")
+		demo := strings.Contains(tables, "schema of its own, `dedupe_") && strings.Contains(tables, "`-keep-schema`")
+		service := strings.Contains(tables, "never drops them") && strings.Contains(tables, "?search_path=") &&
+			strings.Contains(tables, "DROP SCHEMA") && strings.Contains(tables, "DROP TABLE")
+		if demo == service {
+			t.Errorf("examples/%s/README.md, Its tables: say either a schema of its own dropped unless -keep-schema (a demo) or the tables it never drops, with ?search_path= and the DROP statements (a service):\n%s", rel, tables)
+		}
+	}
+	if programs < 10 {
+		t.Fatalf("found %d example programs", programs)
+	}
+}

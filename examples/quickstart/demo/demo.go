@@ -27,6 +27,7 @@ import (
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
 	"github.com/exactlyonce/dedupe/examples/counter"
 	"github.com/exactlyonce/dedupe/examples/embedded"
+	"github.com/exactlyonce/dedupe/examples/exampledb"
 	"github.com/exactlyonce/dedupe/outbox"
 )
 
@@ -86,7 +87,7 @@ type Report struct {
 }
 
 // NewSchemaName returns a fresh name for a run's schema.
-func NewSchemaName() string { return fmt.Sprintf("dedupe_quickstart_%08x", rand.Uint32()) }
+func NewSchemaName() string { return exampledb.SchemaName("quickstart") }
 
 // OK reports whether the effects equal the unique orders, each written once.
 func (r *Report) OK() bool { return r.Effects == r.Unique && r.DistinctEffects == r.Unique }
