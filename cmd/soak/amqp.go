@@ -15,7 +15,6 @@ import (
 	"github.com/exactlyonce/dedupe"
 	dedupeamqp "github.com/exactlyonce/dedupe/adapters/rabbitmq"
 	"github.com/exactlyonce/dedupe/internal/amqptest"
-	"github.com/exactlyonce/dedupe/internal/observetest"
 )
 
 // amqpIDHdr is the header of the amqp transport's business key.
@@ -80,32 +79,16 @@ func runAMQP(ctx context.Context, e *env, inputs []string) error {
 
 	// Cut every broker connection of the in-process runners, paced by
 	// progress.
-	cctx, stopCuts := context.WithCancel(ctx)
-	var cuts sync.WaitGroup
-	cuts.Go(func() {
-		for next := e.progress.effectsNow() + amqpCutEvery; ; next += amqpCutEvery {
-			if !e.progress.waitEffects(cctx, next) {
-				return
-			}
-			proxy.Cut()
-			e.faults.add(faultBrokerCut)
-		}
-	})
-	defer func() {
-		stopCuts()
-		cuts.Wait()
-	}()
+	defer e.every(ctx, amqpCutEvery, faultBrokerCut, func(context.Context) bool {
+		proxy.Cut()
+		return true
+	})()
 
 	// Every input designed to fail (keyless, or failing until poisoned)
 	// ends with a copy in the dead-letter queue. The copy goes after the
 	// key is recorded failed, and the queue's message count leaves out
 	// unacknowledged messages: the run is done only once every copy is in.
-	var designed int
-	for id := range e.soak.unique {
-		if e.designedToFail(id) {
-			designed++
-		}
-	}
+	designed := e.countUnique(e.designedToFail)
 	return runExternal(ctx, e, external{
 		consumers: 2,
 		consume: func(ctx context.Context, _ int) error {
@@ -200,13 +183,7 @@ func (d *deadLetters) snapshot() map[string]bool {
 // ends, counting every handling of a redelivered message as a broker
 // redelivery, as its inbox's Observer is told.
 func runAMQPRunner(ctx context.Context, e *env, inbox *dedupe.Inbox, url, queue string, h dedupe.HandlerFunc[amqp.Delivery], workers int) error {
-	ic := inbox.Config()
-	ic.Observer = dedupe.Observers(ic.Observer, observetest.OnHandled(func(h dedupe.HandleInfo, _ dedupe.HandleDone) {
-		if h.Message.Delivery > 1 {
-			e.faults.add(faultRedeliver)
-		}
-	}))
-	inbox, err := dedupe.New(inbox.DB(), ic)
+	inbox, err := e.countingRedeliveries(inbox)
 	if err != nil {
 		return err
 	}

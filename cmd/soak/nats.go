@@ -13,7 +13,6 @@ import (
 	"github.com/exactlyonce/dedupe"
 	dedupenats "github.com/exactlyonce/dedupe/adapters/nats"
 	"github.com/exactlyonce/dedupe/internal/natstest"
-	"github.com/exactlyonce/dedupe/internal/observetest"
 )
 
 // The soak's JetStream names.
@@ -135,13 +134,7 @@ func createDurable(ctx context.Context, js jetstream.JetStream, stream, subject,
 func runNATSRunner(ctx context.Context, e *env, inbox *dedupe.Inbox, cons jetstream.Consumer, h dedupe.HandlerFunc[jetstream.Msg],
 	workers, batch int, dlq jetstream.JetStream) error {
 	cfg := natsConfig(e.scope, workers, batch, dlq)
-	ic := inbox.Config()
-	ic.Observer = dedupe.Observers(ic.Observer, observetest.OnHandled(func(h dedupe.HandleInfo, _ dedupe.HandleDone) {
-		if h.Message.Delivery > 1 {
-			e.faults.add(faultRedeliver)
-		}
-	}))
-	inbox, err := dedupe.New(inbox.DB(), ic)
+	inbox, err := e.countingRedeliveries(inbox)
 	if err != nil {
 		return err
 	}

@@ -105,3 +105,25 @@ func (p *progress) stallError(idle time.Duration) error {
 	defer p.mu.Unlock()
 	return fmt.Errorf("%w for %s (effects %d, acknowledged deliveries %d)", errNoProgress, idle, p.effects, p.acks.Load())
 }
+
+// every calls fire each time the effect count grows by n, paced by
+// progress, until the returned stop is called; stop waits for it to return.
+// fire reports whether the fault fired; each time it did, the run counts kind.
+func (e *env) every(ctx context.Context, n int64, kind faultKind, fire func(ctx context.Context) bool) (stop func()) {
+	cctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for next := e.progress.effectsNow() + n; ; next += n {
+			if !e.progress.waitEffects(cctx, next) {
+				return
+			}
+			if fire(cctx) {
+				e.faults.add(kind)
+			}
+		}
+	})
+	return func() {
+		cancel()
+		wg.Wait()
+	}
+}

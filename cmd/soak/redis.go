@@ -6,14 +6,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/exactlyonce/dedupe"
 	deduperedis "github.com/exactlyonce/dedupe/adapters/redis"
-	"github.com/exactlyonce/dedupe/internal/observetest"
 	"github.com/exactlyonce/dedupe/internal/redistest"
 )
 
@@ -95,29 +93,12 @@ func runRedis(ctx context.Context, e *env, inputs []string) error {
 	handler := faultyHandler[*deduperedis.Message](e, nil)
 
 	// Kill the in-process runners' Redis connections, paced by progress.
-	cctx, stopCuts := context.WithCancel(ctx)
-	var cuts sync.WaitGroup
-	cuts.Go(func() {
-		for next := e.progress.effectsNow() + redisCutEvery; ; next += redisCutEvery {
-			if !e.progress.waitEffects(cctx, next) {
-				return
-			}
-			if n, err := redistest.Kill(cctx, admin, victim); err == nil && n > 0 {
-				e.faults.add(faultBrokerCut)
-			}
-		}
-	})
-	defer func() {
-		stopCuts()
-		cuts.Wait()
-	}()
+	defer e.every(ctx, redisCutEvery, faultBrokerCut, func(ctx context.Context) bool {
+		n, err := redistest.Kill(ctx, admin, victim)
+		return err == nil && n > 0
+	})()
 
-	var keyless int
-	for id := range e.soak.unique {
-		if e.withoutKey(id) {
-			keyless++
-		}
-	}
+	keyless := e.countUnique(e.withoutKey)
 	return runExternal(ctx, e, external{
 		consumers: 2,
 		consume: func(ctx context.Context, n int) error {
@@ -185,13 +166,7 @@ func redisDeadLetters(ctx context.Context, rdb *redis.Client, dl string) (map[st
 // once (reclaimed from a killed worker) as a broker redelivery.
 func runRedisRunner(ctx context.Context, e *env, inbox *dedupe.Inbox, rdb *redis.Client, stream, name string,
 	h dedupe.HandlerFunc[*deduperedis.Message], workers int) error {
-	ic := inbox.Config()
-	ic.Observer = dedupe.Observers(ic.Observer, observetest.OnHandled(func(h dedupe.HandleInfo, _ dedupe.HandleDone) {
-		if h.Message.Delivery > 1 {
-			e.faults.add(faultRedeliver)
-		}
-	}))
-	inbox, err := dedupe.New(inbox.DB(), ic)
+	inbox, err := e.countingRedeliveries(inbox)
 	if err != nil {
 		return err
 	}

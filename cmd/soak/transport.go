@@ -12,6 +12,7 @@ import (
 
 	"github.com/exactlyonce/dedupe"
 	"github.com/exactlyonce/dedupe/adapters/webhook"
+	"github.com/exactlyonce/dedupe/internal/observetest"
 )
 
 // transport is one way of delivering the inputs to a consumer.
@@ -160,6 +161,17 @@ func (e *env) designedToFail(id string) bool {
 // withoutKey reports whether the transport publishes input id without a key.
 func (e *env) withoutKey(id string) bool { return e.tr.keyless && kindOf(id) == kindKeyless }
 
+// countUnique returns how many of the run's unique inputs match.
+func (e *env) countUnique(match func(id string) bool) int {
+	n := 0
+	for id := range e.soak.unique {
+		if match(id) {
+			n++
+		}
+	}
+	return n
+}
+
 // consumerPool connects the transport's consumers (through the fault proxy
 // when there is one).
 func (e *env) consumerPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
@@ -178,6 +190,19 @@ func (e *env) consumerInbox(ctx context.Context, maxConns int32) (*pgxpool.Pool,
 		return nil, nil, err
 	}
 	return pool, inbox, nil
+}
+
+// countingRedeliveries returns inbox with an Observer that also counts
+// every handling of a message delivered before (Delivery > 1) as a broker
+// redelivery, for the runners of the real brokers.
+func (e *env) countingRedeliveries(inbox *dedupe.Inbox) (*dedupe.Inbox, error) {
+	ic := inbox.Config()
+	ic.Observer = dedupe.Observers(ic.Observer, observetest.OnHandled(func(h dedupe.HandleInfo, _ dedupe.HandleDone) {
+		if h.Message.Delivery > 1 {
+			e.faults.add(faultRedeliver)
+		}
+	}))
+	return dedupe.New(inbox.DB(), ic)
 }
 
 // processor handles one delivery and says whether to acknowledge it. inTx,
