@@ -7,6 +7,8 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/exactlyonce/dedupe/internal/pgerr"
 )
 
 // TxBatchHandlerFunc processes the new messages of a batch inside tx, the
@@ -233,7 +235,7 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, 
 	// back to. Over pgx it goes with the claim, in its round trip; over
 	// database/sql (whose plain COMMIT of a batch without new claims needs
 	// none) below, once there is a new claim.
-	pipelined := inbox.drv.pipelines()
+	pipelined := inbox.drv.Pipelines()
 	claims, err := inbox.claimBatch(ctx, tx, batchKeys, b.maxAttempts, pipelined)
 	if err != nil {
 		return err
@@ -301,7 +303,7 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, 
 		return err // retryable, or cancelled: nothing committed
 	}
 	if failedAt < 0 {
-		ended := tx.ended() || b.claimsLost(ctx, tx)
+		ended := tx.Ended() || b.claimsLost(ctx, tx)
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		if ended {
 			// A batch handler ended the transaction itself (see endedAll).
@@ -316,7 +318,7 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, 
 	n := valid[failedAt]
 	// pinned: the guard saw this message's handler leave the transaction
 	// ended (pgx); otherwise an end found below may be any handler's.
-	pinned := tx.ended()
+	pinned := tx.Ended()
 	ended := pinned
 	if !ended {
 		// Record the failing message's attempt while its claim is held,
@@ -456,18 +458,18 @@ func (b *BatchConsumer[M]) runBatch(ctx context.Context, mctx []context.Context,
 		for k, j := range fresh {
 			batch[k] = msgs[valid[j]]
 		}
-		return -1, runGuarded(g, func() error { return b.all(ctx, g.handlerTx(), batch) })
+		return -1, runGuarded(g, func() error { return b.all(ctx, g.HandlerTx(), batch) })
 	}
 	for _, j := range fresh {
 		c := claims[j]
 		c.pending = nil
 		n := valid[j]
-		err := runGuarded(g, func() error { return b.each(contextWithClaim(msgCtx(ctx, mctx, n), c), g.handlerTx(), msgs[n]) })
+		err := runGuarded(g, func() error { return b.each(contextWithClaim(msgCtx(ctx, mctx, n), c), g.HandlerTx(), msgs[n]) })
 		if err == nil && c.pending != nil {
 			err = b.inbox.StoreResultTx(ctx, g, c, *c.pending)
 		}
 		if err != nil {
-			if code, ok := sqlState(err); ok && code == pgInFailedTx {
+			if code, ok := sqlState(err); ok && code == pgerr.InFailedTx {
 				// The transaction was aborted before this message's turn:
 				// an earlier handler swallowed a failed statement, which a
 				// *sql.Tx cannot show at once. Blame no one here; the

@@ -11,6 +11,7 @@ import (
 
 	"github.com/exactlyonce/dedupe/internal/headerjson"
 	"github.com/exactlyonce/dedupe/internal/pgbatch"
+	"github.com/exactlyonce/dedupe/internal/pgerr"
 )
 
 // Claim claims key inside the caller's transaction tx, the transactional
@@ -46,7 +47,7 @@ func (i *Inbox) Claim(ctx context.Context, tx Querier, key Key) (*Claim, error) 
 	// only when the insert found the key taken.
 	n, ahead := i.ahead.Next()
 	read := readOthers
-	if !ahead && i.drv.pipelines() {
+	if !ahead && i.drv.Pipelines() {
 		read = readLater
 	}
 	round := i.queueClaim(b, req, read)
@@ -204,7 +205,7 @@ func (i *Inbox) queueClaim(b *pgx.Batch, r *claimReq, read claimRead) *claimRoun
 		return round
 	}
 	if read == readPeek {
-		if !i.drv.pipelines() {
+		if !i.drv.Pipelines() {
 			round.later = args // for peekAfter
 			return round
 		}
@@ -432,7 +433,7 @@ func (i *Inbox) QueueStoreResult(b *pgx.Batch, c *Claim, r Result) error {
 	}
 	b.Queue(i.q.storeResultOrFail, args...).Fn = func(br pgx.BatchResults) error {
 		_, err := br.Exec()
-		if code, ok := sqlState(err); ok && code == pgDivisionByZero {
+		if code, ok := sqlState(err); ok && code == pgerr.DivisionByZero {
 			return wrap(leaseLost(c), err)
 		}
 		return translate(err)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/dedupe/internal/direct"
+	"github.com/exactlyonce/dedupe/internal/pgxdriver"
 )
 
 // TxHandlerFunc processes one message inside tx, the transaction that also
@@ -126,8 +127,8 @@ func newTxDriver[M any](inbox *Inbox, cfg *ConsumerConfig[M]) (txDriver, error) 
 		cfg.TxRetries = 3
 	}
 	d := txDriver{inbox: inbox, txOpts: pgx.TxOptions{IsoLevel: cfg.IsoLevel}}
-	if p, ok := inbox.drv.(pgxDriver); ok && p.direct != nil {
-		d.direct, d.directBegin = p.direct, direct.NewBegin(d.txOpts)
+	if p, ok := inbox.drv.(*pgxdriver.Driver); ok && p.Direct() {
+		d.directBegin = direct.NewBegin(d.txOpts)
 	}
 	switch {
 	case cfg.MaxAttempts == 0:
@@ -346,7 +347,7 @@ func (c *Consumer[M]) attemptClaim(ctx context.Context, key Key, msg M, cp **Cla
 		}
 	}
 
-	herr := runGuarded(tx, func() error { return c.handler(contextWithClaim(ctx, claim), tx.handlerTx(), msg) })
+	herr := runGuarded(tx, func() error { return c.handler(contextWithClaim(ctx, claim), tx.HandlerTx(), msg) })
 	if herr != nil {
 		return c.failed(ctx, tx, claim, herr)
 	}

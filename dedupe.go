@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactlyonce/dedupe/internal/direct"
+	"github.com/exactlyonce/dedupe/internal/pgxdriver"
+	"github.com/exactlyonce/dedupe/internal/sqldb"
 )
 
 // DB is the database of an Inbox or an outbox.Outbox: a pgx pool (*pgxpool.Pool, the
@@ -188,11 +190,11 @@ func New(db DB, cfg Config) (*Inbox, error) {
 	table := qualify(c.Schema, c.Table)
 	i := &Inbox{db: db, drv: drv, cfg: c, q: newQueries(table), table: table, leaseArg: c.Lease, retentionArg: c.Retention}
 	switch d := drv.(type) {
-	case pgxDriver:
-		if d.direct != nil {
+	case *pgxdriver.Driver:
+		if d.Direct() {
 			i.direct = newDirectStmts(&i.q)
 		}
-	case *SQLDB:
+	case *sqldb.Driver:
 		i.direct = newDirectStmts(&i.q) // used over pgx's stdlib only
 	}
 	return i, nil

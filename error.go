@@ -207,25 +207,6 @@ func IsPermanent(err error) bool {
 	return errors.As(err, &p)
 }
 
-// PostgreSQL error codes translated at the boundary.
-const (
-	pgLockNotAvailable     = "55P03"
-	pgSerializationFailure = "40001"
-	pgDeadlockDetected     = "40P01"
-	pgUndefinedTable       = "42P01"
-	pgInFailedTx           = "25P02"
-	pgDivisionByZero       = "22012" // sqlStoreResultOrFail's assertion
-	// The claim's savepoint or transaction is gone when dedupe releases or
-	// rolls back to it: the handler ended the transaction behind dedupe's
-	// back (and may have begun another).
-	pgNoActiveTx       = "25P01"
-	pgInvalidSavepoint = "3B001"
-	// A prepared statement of the direct claim round that went away, or
-	// whose result type changed (driver.go, internal/direct): prepared anew.
-	pgInvalidSQLStatementName = "26000"
-	pgFeatureNotSupported     = "0A000"
-)
-
 // mayHaveApplied reports whether err, returned for a statement (or COMMIT),
 // leaves it unknown whether the server applied it (internal/pgerr: the
 // connection failed after the request may have been sent). The package's
@@ -265,15 +246,15 @@ func translate(err error) error {
 		return err
 	}
 	switch code {
-	case pgLockNotAvailable:
+	case pgerr.LockNotAvailable:
 		return wrap(ErrInFlight, err)
-	case pgSerializationFailure, pgDeadlockDetected:
+	case pgerr.SerializationFailure, pgerr.DeadlockDetected:
 		return wrap(ErrRetryable, err)
-	case pgUndefinedTable:
+	case pgerr.UndefinedTable:
 		return wrap(ErrNotMigrated, err)
-	case pgNoActiveTx:
+	case pgerr.NoActiveTx:
 		return wrap(errTxIdle, err)
-	case pgInvalidSavepoint:
+	case pgerr.InvalidSavepoint:
 		return wrap(errTxRestarted, err)
 	}
 	return err

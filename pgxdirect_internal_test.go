@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactlyonce/dedupe/internal/dbtest"
+	"github.com/exactlyonce/dedupe/internal/pgxdriver"
 )
 
 // TestDirectRoundOnlyWherePgxWouldSendTheSame: the direct claim round is
@@ -41,23 +42,25 @@ func TestDirectRoundOnlyWherePgxWouldSendTheSame(t *testing.T) {
 
 	for _, tc := range []struct {
 		name   string
-		db     func(t *testing.T) pgxDB
+		db     func(t *testing.T) pgxdriver.DB
 		direct bool
 	}{
-		{"default pool", func(t *testing.T) pgxDB { return pool(t, func(*pgx.ConnConfig) {}) }, true},
-		{"connection", func(t *testing.T) pgxDB { return conn }, true},
-		{"tracer", func(t *testing.T) pgxDB { return pool(t, func(c *pgx.ConnConfig) { c.Tracer = dbtest.NopTracer{} }) }, false},
-		{"describe mode", func(t *testing.T) pgxDB {
+		{"default pool", func(t *testing.T) pgxdriver.DB { return pool(t, func(*pgx.ConnConfig) {}) }, true},
+		{"connection", func(t *testing.T) pgxdriver.DB { return conn }, true},
+		{"tracer", func(t *testing.T) pgxdriver.DB {
+			return pool(t, func(c *pgx.ConnConfig) { c.Tracer = dbtest.NopTracer{} })
+		}, false},
+		{"describe mode", func(t *testing.T) pgxdriver.DB {
 			return pool(t, func(c *pgx.ConnConfig) { c.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe })
 		}, false},
-		{"exec mode", func(t *testing.T) pgxDB {
+		{"exec mode", func(t *testing.T) pgxdriver.DB {
 			return pool(t, func(c *pgx.ConnConfig) { c.DefaultQueryExecMode = pgx.QueryExecModeExec })
 		}, false},
-		{"simple protocol", func(t *testing.T) pgxDB {
+		{"simple protocol", func(t *testing.T) pgxdriver.DB {
 			return pool(t, func(c *pgx.ConnConfig) { c.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol })
 		}, false},
-		{"wrapped pool", func(t *testing.T) pgxDB {
-			return struct{ pgxDB }{pool(t, func(*pgx.ConnConfig) {})}
+		{"wrapped pool", func(t *testing.T) pgxdriver.DB {
+			return struct{ pgxdriver.DB }{pool(t, func(*pgx.ConnConfig) {})}
 		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -70,7 +73,7 @@ func TestDirectRoundOnlyWherePgxWouldSendTheSame(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := inbox.direct != nil && c.direct != nil; got != tc.direct {
+			if got := inbox.direct != nil && c.directBegin != nil; got != tc.direct {
 				t.Fatalf("direct round = %v, want %v", got, tc.direct)
 			}
 		})

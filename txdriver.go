@@ -24,9 +24,8 @@ type txDriver struct {
 	settings    string // sqlTxSettings's argument (txSettings); "" for none
 	syncCommit  string // ConsumerConfig.SynchronousCommit
 	maxAttempts int    // 0 = no limit
-	// direct and directBegin send the claim round straight over pgconn
-	// (driver.go, internal/direct); nil where the driver cannot.
-	direct      *pgxDirect
+	// directBegin is the BEGIN of the direct claim round over pgx
+	// (driver.go, internal/direct); nil where the driver cannot send it.
 	directBegin *direct.Begin
 	// checked is set for a Consumer: its COMMIT proves that the
 	// transaction still holds the claim (checkCommits).
@@ -41,7 +40,7 @@ func (d *txDriver) Inbox() *Inbox { return d.inbox }
 // claim statements to be queued behind: with pgx, one round trip for all of
 // them.
 func (d *txDriver) beginBatch() *pgx.Batch {
-	b := d.inbox.drv.newBatch(d.txOpts)
+	b := d.inbox.drv.NewBatch(d.txOpts)
 	if d.settings != "" {
 		b.Queue(sqlTxSettings, d.settings)
 	}
@@ -55,19 +54,9 @@ func (d *txDriver) beginBatch() *pgx.Batch {
 // taken (a driver that sends statements one by one takes it only for a new
 // key).
 func (d *txDriver) beginClaim(ctx context.Context, r *claimReq) (tx txConn, round *claimRound, savepoint bool, err error) {
-	if d.direct != nil && !d.direct.off.Load() && !d.inbox.direct.Off.Load() {
-		tx, round, err := d.direct.claimDirect(ctx, d.inbox, d.directBegin, d.settings, r)
-		if !errors.Is(err, direct.ErrTypes) && !errors.Is(err, direct.ErrNoDirect) {
-			return tx, round, true, translate(err)
-		}
-	}
-	if sd, ok := d.inbox.drv.(*SQLDB); ok && !sd.notPgx.Load() && !sd.noDirect.Load() && !d.inbox.direct.Off.Load() {
-		tx, round, err := sd.claimDirect(ctx, d.inbox, d.txOpts, d.settings, r)
-		if errors.Is(err, direct.ErrNoDirect) {
-			sd.noDirect.Store(true)
-		} else if !errors.Is(err, direct.ErrTypes) {
-			return tx, round, true, translate(err)
-		}
+	tx, round, err = d.inbox.claimDirect(ctx, d.directBegin, d.txOpts, d.settings, r)
+	if !errors.Is(err, direct.ErrTypes) && !errors.Is(err, direct.ErrNoDirect) {
+		return tx, round, true, translate(err)
 	}
 	b := d.beginBatch()
 	round = d.inbox.queueClaim(b, r, readPeek)
@@ -84,7 +73,7 @@ func (d *txDriver) beginClaim(ctx context.Context, r *claimReq) (tx txConn, roun
 
 // begin begins the claim's transaction and runs b in it.
 func (d *txDriver) begin(ctx context.Context, b *pgx.Batch) (txConn, error) {
-	tx, err := d.inbox.drv.begin(ctx, d.txOpts, b)
+	tx, err := d.inbox.drv.Begin(ctx, d.txOpts, b)
 	return tx, translate(err)
 }
 
@@ -136,7 +125,7 @@ func (d *txDriver) checkCommits() {
 func (d *txDriver) commit(ctx context.Context, tx txConn, claim *Claim) (Outcome, error) {
 	var err error
 	if d.checked {
-		err = tx.commitClaim(ctx)
+		err = tx.CommitClaim(ctx)
 	} else {
 		err = tx.Commit(ctx)
 	}
@@ -210,7 +199,7 @@ func (d *txDriver) failed(ctx context.Context, tx txConn, claim *Claim, herr err
 		attempts int
 		err      error
 	)
-	ended := tx.ended() || errors.Is(herr, errEndedBehind)
+	ended := tx.Ended() || errors.Is(herr, errEndedBehind)
 	byHandler := ended
 	if !ended {
 		if poisoned, attempts, err = d.recordFailedTx(ctx, tx, sqlSavepointName, claim, herr); err == nil {
@@ -382,7 +371,7 @@ func (i *Inbox) probe(ctx context.Context, key Key, token int64) (State, bool, e
 		if err == nil {
 			return state, ours, nil
 		}
-		if errors.Is(err, ErrInFlight) || !retryableConnErr(err) {
+		if errors.Is(err, ErrInFlight) || !pgerr.RetryableConn(err) {
 			return "", false, err // a lock held past the timeout, or a real error
 		}
 		t := time.NewTimer(backoff)
@@ -396,7 +385,7 @@ func (i *Inbox) probe(ctx context.Context, key Key, token int64) (State, bool, e
 }
 
 func (i *Inbox) probeOnce(ctx context.Context, key Key, token int64, opts pgx.TxOptions) (State, bool, error) {
-	tx, err := i.drv.begin(ctx, opts, nil)
+	tx, err := i.drv.Begin(ctx, opts, nil)
 	if err != nil {
 		return "", false, translate(err)
 	}
@@ -413,56 +402,6 @@ func (i *Inbox) probeOnce(ctx context.Context, key Key, token int64, opts pgx.Tx
 		return "", false, nil // nothing committed under the key
 	}
 	return State(state), got == token, nil
-}
-
-// retryableConnErr reports an error of the connection, or of a server that
-// cannot serve the probe yet, rather than of the statement: worth another try
-// on a fresh connection, within resolveTimeout. During a failover the old
-// primary refuses connections while it shuts down and the standby is read
-// only until it is promoted; a multi-host connection string
-// (target_session_attrs=read-write) reports every host's error joined, so
-// every server error in err's tree must be transient.
-func retryableConnErr(err error) bool {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
-	}
-	retry := true
-	walkErrors(err, func(e error) {
-		if se, ok := e.(interface{ SQLState() string }); ok && !transientState(se.SQLState()) {
-			retry = false
-		}
-	})
-	return retry
-}
-
-// transientState reports a SQLSTATE that a fresh connection may not meet:
-// 57P01 admin shutdown (a terminated backend), 57P02 crash shutdown (a
-// backend ended by another's crash), 57P03 cannot connect now (a server
-// starting up or shutting down), 53300 too many connections, 25006 read-only
-// transaction (a standby not promoted yet) and 08xxx connection exceptions.
-func transientState(code string) bool {
-	switch code {
-	case "57P01", "57P02", "57P03", "53300", "25006":
-		return true
-	}
-	return len(code) == 5 && code[:2] == "08"
-}
-
-// walkErrors calls f for err and every error it wraps, through
-// errors.Join's and fmt.Errorf's lists too.
-func walkErrors(err error, f func(error)) {
-	if err == nil {
-		return
-	}
-	f(err)
-	switch u := err.(type) {
-	case interface{ Unwrap() error }:
-		walkErrors(u.Unwrap(), f)
-	case interface{ Unwrap() []error }:
-		for _, e := range u.Unwrap() {
-			walkErrors(e, f)
-		}
-	}
 }
 
 // A transaction whose end belongs to dedupe (a Consumer's, httpidem's) can be
@@ -503,6 +442,10 @@ func CommitError(err error) error { return translate(err) }
 // a failed statement aborted returns the driver's failed-commit error as
 // tx.Commit does.
 func CommitSQLTx(ctx context.Context, tx *sql.Tx) error {
-	t := &sqlTx{sqldb.Tx{Querier: sqldb.Querier{R: tx}, SQL: tx}}
-	return translate(t.commitClaim(ctx))
+	t := &sqldb.Tx{Querier: sqldb.Querier{R: tx}, SQL: tx}
+	err := t.CommitClaim(ctx, sqlCommitClaim, sqlCheckClaim)
+	if errors.Is(err, sqldb.ErrNoTx) {
+		err = errTxIdle
+	}
+	return translate(err)
 }

@@ -4,40 +4,18 @@
 // fills the variables in when it is initialised (corelink.go in the root);
 // a package that imports the root, as the outbox does, finds them set.
 //
-// It imports nothing of the module, so the root can import it: the arrow
-// runs from the outbox to the root, never back.
+// It imports nothing of the module but internal/driver, which imports
+// nothing of it, so the root can import it: the arrow runs from the outbox
+// to the root, never back.
 package corelink
 
-import (
-	"context"
+import "github.com/exactlyonce/dedupe/internal/driver"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
-)
-
-// Tx is a transaction begun by a Driver: dedupe.Querier with its end.
-type Tx interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Commit(ctx context.Context) error
-	Rollback(ctx context.Context) error
-}
-
-// Driver is the root's driver of one dedupe.DB, as the outbox uses it.
-type Driver interface {
-	// NewBatch returns the batch that Begin takes for a transaction with
-	// opts (pgx queues its BEGIN first).
-	NewBatch(opts pgx.TxOptions) *pgx.Batch
-	// Begin begins a transaction with opts and runs b's statements in it:
-	// pgx sends BEGIN and b in one round trip; database/sql sends BEGIN,
-	// then b. On error nothing stays open.
-	Begin(ctx context.Context, opts pgx.TxOptions, b *pgx.Batch) (Tx, error)
-	// ListenPool is the pool whose configuration LISTEN connections copy,
-	// nil when the driver cannot LISTEN.
-	ListenPool() *pgxpool.Pool
-}
+// Driver is the root's driver of one dedupe.DB (internal/driver); the
+// outbox uses NewBatch, Begin and ListenPool: pgx sends BEGIN and a batch
+// in one round trip, database/sql sends BEGIN, then the batch, and cannot
+// LISTEN.
+type Driver = driver.Driver
 
 // Set by the root package at initialisation.
 var (

@@ -467,9 +467,8 @@ func RollbackConn(ctx context.Context, conn *pgx.Conn) {
 // connection that preparing it again mends.
 func StaleStatement(err error) bool {
 	code, ok := pgerr.SQLState(err)
-	// 26000 invalid_sql_statement_name, 0A000 feature_not_supported (cached
-	// plan must not change result type).
-	return ok && (code == "26000" || code == "0A000")
+	// 0A000: cached plan must not change result type.
+	return ok && (code == pgerr.InvalidSQLStatementName || code == pgerr.FeatureNotSupported)
 }
 
 // Deallocate forgets s's statements, and the others given, on conn, so

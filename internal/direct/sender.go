@@ -28,7 +28,7 @@ import (
 // Anywhere else (a tracer, which must see every statement; another
 // statement mode, such as one chosen for PgBouncer; a type that is neither
 // pool nor connection; database/sql other than over pgx's stdlib, whose
-// round the root's SQLDB sends through Claim) the round goes through pgx's
+// round internal/sqldb sends through Claim) the round goes through pgx's
 // batch.
 
 // Sender sends direct rounds over a pgx pool or a connection.
@@ -59,20 +59,23 @@ func NewSender(db any) *Sender {
 	return &s
 }
 
-// Round begins a transaction on a connection of s and claims in it with
-// the statements of stmts: BEGIN (begin), the lock timeout when args has
-// one, the claim, the peek (when ahead says so) and the savepoint, in one
-// round trip; a claim that found its key taken without the peek reads it in
-// a second (Claim). It returns pgx's own transaction, on a pool's
-// connection released when the transaction ends, and fills res.
+// ClaimFunc sends a claim's round on conn, whose state st allows it: BEGIN
+// first unless begin is nil (the transaction is open already). The root's
+// claim round is one (Claim, and its result turned into a claim).
+type ClaimFunc func(conn *pgx.Conn, st *Conn, begin *Stmt) error
+
+// Round begins a transaction on a connection of s and runs claim on it
+// with begin's BEGIN: BEGIN, the lock timeout, the claim, the peek and the
+// savepoint in one round trip (Claim). It returns pgx's own transaction,
+// on a pool's connection released when the transaction ends.
 //
 // It returns ErrNoDirect, having sent nothing, when the connection's own
 // configuration refuses the round (a BeforeConnect hook that sets a tracer
 // or another statement mode), or ErrTypes, having rolled back what it sent,
 // when the inbox table's column types are not the round's: the claim must
-// go through pgx's batch instead. A statement prepared earlier on the
-// connection that went away or changed is prepared anew, once.
-func (s *Sender) Round(ctx context.Context, stmts *Stmts, ahead *Ahead, begin *Begin, args *Args, res *Result) (pgx.Tx, error) {
+// go through pgx's batch instead. A statement of stmts prepared earlier on
+// the connection that went away or changed is prepared anew, once.
+func (s *Sender) Round(ctx context.Context, stmts *Stmts, begin *Begin, claim ClaimFunc) (pgx.Tx, error) {
 	conn, pc := s.conn, (*pgxpool.Conn)(nil)
 	if s.pool != nil {
 		var err error
@@ -92,7 +95,7 @@ func (s *Sender) Round(ctx context.Context, stmts *Stmts, ahead *Ahead, begin *B
 		return nil, ErrNoDirect
 	}
 	for try := 0; ; try++ {
-		err := Claim(ctx, conn, st, stmts, ahead, &begin.Stmt, args, res)
+		err := claim(conn, st, &begin.Stmt)
 		if err == nil {
 			tx, err := Adopt(ctx, conn, begin)
 			if err != nil {
@@ -111,7 +114,6 @@ func (s *Sender) Round(ctx context.Context, stmts *Stmts, ahead *Ahead, begin *B
 			// ALL) or its result type changed (ALTER TABLE): prepare anew.
 			derr := stmts.Deallocate(ctx, conn, &begin.Stmt)
 			if derr == nil {
-				*res = Result{}
 				continue
 			}
 			err = errors.Join(err, derr)

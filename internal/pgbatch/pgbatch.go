@@ -6,6 +6,7 @@ package pgbatch
 
 import (
 	"context"
+	"errors"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -71,4 +72,31 @@ func (l lazyRow) Scan(dest ...any) error {
 func SkipRow(row pgx.Row) bool {
 	_, ok := row.(lazyRow)
 	return ok
+}
+
+// sent is the flag of a statement sent in a pipeline: always.
+var sent = true
+
+// QueueUnlessSkipped queues sql, a statement that returns no row, on b,
+// where pipelined tells that b goes in one round trip. In a pipeline it is
+// always sent; run one by one (Send on a Querier that cannot pipeline) it
+// is sent only when *needed holds by then (set by a statement queued
+// before it). The returned flag tells, once b ran, whether it was sent.
+func QueueUnlessSkipped(b *pgx.Batch, pipelined bool, sql string, needed *bool) *bool {
+	if pipelined {
+		b.Queue(sql)
+		return &sent
+	}
+	done := new(bool)
+	b.Queue(sql).QueryRow(func(row pgx.Row) error {
+		if !*needed && SkipRow(row) {
+			return nil
+		}
+		*done = true
+		if err := row.Scan(); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		return nil
+	})
+	return done
 }

@@ -156,7 +156,7 @@ func (t *Tx) CommitClaim(ctx context.Context, commitSQL, checkSQL string) error 
 		}
 	}
 	if _, err := t.Exec(ctx, checkSQL); err != nil {
-		if code, ok := pgerr.SQLState(err); ok && code == "25P02" { // in a failed transaction
+		if code, ok := pgerr.SQLState(err); ok && code == pgerr.InFailedTx {
 			// A statement of the handler failed: the driver's COMMIT says
 			// so as it always did (a failed-transaction commit).
 			return t.Commit(ctx)

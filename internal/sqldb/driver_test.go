@@ -1,4 +1,4 @@
-package dedupe
+package sqldb
 
 import (
 	"context"
@@ -12,10 +12,10 @@ import (
 )
 
 // TestSQLBeginPanicInBatch: a panic in a statement's callback behind BEGIN
-// (the core's own, or pgx's tracer in the user's config) reaches begin's
+// (the core's own, or pgx's tracer in the user's config) reaches Begin's
 // caller, and neither the transaction nor its connection stays open. Over
 // pgx's stdlib the statements run inside (*sql.Conn).Raw, which on a panic
-// closes the *sql.Conn and so waits for the *sql.Tx begun on it to end: begin
+// closes the *sql.Conn and so waits for the *sql.Tx begun on it to end: Begin
 // would hang, holding the claim's row lock, until its context ended. The
 // one-by-one path (other drivers) leaked the connection instead.
 func TestSQLBeginPanicInBatch(t *testing.T) {
@@ -31,7 +31,7 @@ func TestSQLBeginPanicInBatch(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer sdb.Close()
-			d := SQL(sdb)
+			d := NewDriver(sdb, "COMMIT", "SELECT 1", ErrNoTx)
 			d.notPgx.Store(tc.notPgx)
 			// The test's context never ends: a begin that waits for it
 			// hangs, and the test binary's timeout reports it.
@@ -40,7 +40,7 @@ func TestSQLBeginPanicInBatch(t *testing.T) {
 			b.Queue("SELECT 1").QueryRow(func(pgx.Row) error { panic("callback") })
 			got := func() (v any) {
 				defer func() { v = recover() }()
-				tx, err := d.begin(ctx, pgx.TxOptions{}, b)
+				tx, err := d.Begin(ctx, pgx.TxOptions{}, b)
 				if err == nil {
 					_ = tx.Rollback(ctx)
 				}

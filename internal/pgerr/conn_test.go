@@ -1,4 +1,4 @@
-package dedupe
+package pgerr
 
 import (
 	"context"
@@ -10,13 +10,13 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// TestRetryableConnErr: what the resolver tries again on a fresh
+// TestRetryableConn: what the resolver tries again on a fresh
 // connection. During a failover a multi-host connection string
 // (target_session_attrs=read-write) fails with every host's error joined,
 // as pgconn's ConnectError wraps them: the dying primary's 57P03 next to the
 // standby's "read only connection". Both are transient within the
 // resolver's bound; a real statement error anywhere in the tree is not.
-func TestRetryableConnErr(t *testing.T) {
+func TestRetryableConn(t *testing.T) {
 	pg := func(code string) error { return &pgconn.PgError{Severity: "FATAL", Code: code} }
 	// connectErr mirrors pgconn.ConnectError: one wrapped error per host,
 	// joined.
@@ -45,12 +45,12 @@ func TestRetryableConnErr(t *testing.T) {
 		{"wrong password on one host", connectErr(pg("57P03"), pg("28P01")), false},
 		{"database missing", connectErr(pg("3D000")), false},
 		{"undefined table", pg("42P01"), false},
-		{"lock timeout", fmt.Errorf("%w: %w", ErrInFlight, pg("55P03")), false},
+		{"lock timeout", fmt.Errorf("dedupe: key in flight: %w", pg("55P03")), false},
 		{"cancelled", context.Canceled, false},
 		{"deadline with a transient error", errors.Join(pg("57P03"), context.DeadlineExceeded), false},
 	} {
-		if got := retryableConnErr(tc.err); got != tc.want {
-			t.Errorf("%s: retryableConnErr(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
+		if got := RetryableConn(tc.err); got != tc.want {
+			t.Errorf("%s: RetryableConn(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
 		}
 	}
 }
