@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/exactlyonce/dedupe/examples/embedded"
+	"github.com/exactlyonce/dedupe/examples/shipping"
 )
 
 // publishSubject is where -publish sends orders; the default NATS_SUBJECTS
@@ -46,7 +47,7 @@ var errForeignServer = errors.New("no nats-consumer uses this NATS server")
 // most. It says whether the order was new or a duplicate, from its key's
 // state in the consumer's inbox (DATABASE_URL) before and after.
 func publishOrder(ctx context.Context, cfg config, body []byte, timeout time.Duration, out io.Writer) error {
-	var o order
+	var o shipping.Order
 	if err := json.Unmarshal(body, &o); err != nil || o.ID == "" {
 		return fmt.Errorf("-publish wants an order such as {\"id\":\"order-1\",\"item\":\"book\",\"qty\":1}: %v", errors.Join(err, errNoID(o)))
 	}
@@ -130,7 +131,7 @@ func publishOrder(ctx context.Context, cfg config, body []byte, timeout time.Dur
 }
 
 // errNoID is the error for an order without an id, if it has none.
-func errNoID(o order) error {
+func errNoID(o shipping.Order) error {
 	if o.ID == "" {
 		return errors.New(`no "id"`)
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -13,51 +12,19 @@ import (
 	"github.com/exactlyonce/dedupe"
 	dedupeamqp "github.com/exactlyonce/dedupe/adapters/rabbitmq"
 	"github.com/exactlyonce/dedupe/examples/counter"
+	"github.com/exactlyonce/dedupe/examples/shipping"
 )
 
-// order is the message body.
-type order struct {
-	ID   string `json:"id"`
-	Item string `json:"item"`
-	Qty  int    `json:"qty"`
-}
-
-// The same table as the other consumer examples, so that they can share a
-// database.
-const createShipments = `CREATE TABLE IF NOT EXISTS shipments (
-    id         bigserial PRIMARY KEY,
-    order_id   text NOT NULL,
-    item       text NOT NULL,
-    qty        int  NOT NULL,
-    shipped_at timestamptz NOT NULL DEFAULT now())`
-
-const insertShipment = `INSERT INTO shipments (order_id, item, qty) VALUES ($1, $2, $3)`
-
-// ship is the business logic: one shipment per order, written in the
-// transaction that holds the message's claim.
+// ship is the business logic: one shipment per order (shipping.Table),
+// written in the transaction that holds the message's claim. A body that
+// is no order is a permanent error: the inbox records its key failed at
+// once, without retrying it.
 func ship(ctx context.Context, tx pgx.Tx, d amqp.Delivery) error {
-	var o order
-	if err := json.Unmarshal(d.Body, &o); err != nil {
-		return dedupe.Permanent(fmt.Errorf("decode order: %w", err))
-	}
-	if o.ID == "" || o.Qty < 1 {
-		return dedupe.Permanent(fmt.Errorf("invalid order %+v", o))
-	}
-	_, err := tx.Exec(ctx, insertShipment, o.ID, o.Item, o.Qty)
-	return err
-}
-
-// migrateShipments creates the shipments table. CREATE TABLE IF NOT EXISTS
-// is not safe against a concurrent copy doing the same, so the copies take
-// turns under an advisory lock.
-func migrateShipments(ctx context.Context, pool *pgxpool.Pool) error {
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('dedupe-example-shipments'))"); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, createShipments)
+	o, err := shipping.Decode(d.Body)
+	if err != nil {
 		return err
-	})
+	}
+	return shipping.Insert(ctx, tx, o)
 }
 
 // declareQueue declares the queue durable, with dead-letter exchange
@@ -124,7 +91,8 @@ func run(ctx context.Context, cfg config) error {
 	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		return err
 	}
-	if err := migrateShipments(ctx, pool); err != nil {
+	// The same table as nats-consumer's, so that they can share a database.
+	if err := shipping.CreateTable(ctx, pool, shipping.Table); err != nil {
 		return fmt.Errorf("create shipments: %w", err)
 	}
 	// The inbox's Observer is told of every message and of what the runner

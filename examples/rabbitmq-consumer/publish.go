@@ -8,6 +8,8 @@ import (
 	"io"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/exactlyonce/dedupe/examples/shipping"
 )
 
 // publishOrder publishes body, one order, to the queue (through the default
@@ -16,7 +18,7 @@ import (
 // KEY_HEADER set, that header's value. It declares the queue as the consumer
 // does, so that an order published before any consumer started is kept.
 func publishOrder(ctx context.Context, cfg config, body []byte, out io.Writer) error {
-	var o order
+	var o shipping.Order
 	if err := json.Unmarshal(body, &o); err != nil || o.ID == "" {
 		return fmt.Errorf("-publish wants an order such as {\"id\":\"order-1\",\"item\":\"book\",\"qty\":1}: %v", err)
 	}

@@ -12,14 +12,16 @@ import (
 	"github.com/exactlyonce/dedupe"
 	deduperedis "github.com/exactlyonce/dedupe/adapters/redis"
 	"github.com/exactlyonce/dedupe/examples/counter"
+	"github.com/exactlyonce/dedupe/examples/shipping"
 )
 
+// createShipments is this consumer's shipments table, created if missing:
+// the columns of the other consumers' (shipping.Table) that programs read,
+// without their id and shipped_at.
 const createShipments = `CREATE TABLE IF NOT EXISTS shipments (
     order_id text NOT NULL,
     item     text NOT NULL,
     qty      int  NOT NULL)`
-
-const insertShipment = `INSERT INTO shipments (order_id, item, qty) VALUES ($1, $2, $3)`
 
 // ship is the business logic: one shipment per order, written in the
 // transaction that holds the entry's claim.
@@ -29,21 +31,7 @@ func ship(ctx context.Context, tx pgx.Tx, m *deduperedis.Message) error {
 	if id == "" || err != nil || qty < 1 {
 		return dedupe.Permanent(fmt.Errorf("invalid order: id=%q item=%q qty=%q", id, item, m.Field("qty")))
 	}
-	_, err = tx.Exec(ctx, insertShipment, id, item, qty)
-	return err
-}
-
-// migrateShipments creates the shipments table. CREATE TABLE IF NOT EXISTS
-// is not safe against a concurrent copy doing the same, so the copies take
-// turns under an advisory lock.
-func migrateShipments(ctx context.Context, pool *pgxpool.Pool) error {
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('dedupe-example-shipments'))"); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, createShipments)
-		return err
-	})
+	return shipping.Insert(ctx, tx, shipping.Order{ID: id, Item: item, Qty: qty})
 }
 
 // run consumes until ctx is cancelled, then drains and returns nil.
@@ -62,7 +50,7 @@ func run(ctx context.Context, cfg config) error {
 	if err := dedupe.Migrate(ctx, pool, dedupe.MigrateConfig{}); err != nil {
 		return err
 	}
-	if err := migrateShipments(ctx, pool); err != nil {
+	if err := shipping.CreateTable(ctx, pool, createShipments); err != nil {
 		return fmt.Errorf("create shipments: %w", err)
 	}
 	// The inbox's Observer is told of every entry and of what the runner
