@@ -104,9 +104,12 @@ func TestIdemCommitCutAnswersRetryable(t *testing.T) {
 // connection is cut). The answer is a retryable 503 matching
 // ErrOutcomeUnknown, never a claim that the work was rolled back; once the
 // database is back, the retry gets the committed request's response.
+// Each subtest waits out the core's bound on resolving the COMMIT (10s)
+// while the proxy cuts every connection: they wait at once
+// (forDriversModesAtOnce).
 func TestIdemUnresolvedCommitIsOutcomeUnknown(t *testing.T) {
 	t.Parallel()
-	forDriversModes(t, func(t *testing.T, drv driver, mode httpidem.Mode) {
+	forDriversModesAtOnce(t, func(t *testing.T, drv driver, mode httpidem.Mode) {
 		b := setupOn(t, drv)
 		refusals := &refusalLog{}
 		dropped := make(chan struct{})

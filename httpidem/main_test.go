@@ -106,6 +106,27 @@ func forDriversModes(t *testing.T, f func(t *testing.T, drv driver, mode httpide
 	})
 }
 
+// forDriversModesAtOnce runs f as forDriversModes does, but its subtests
+// all at once, outside -parallel's limit: for a test whose time is a wait
+// on the wall clock inside the library (not work for the CPU or the
+// database), so that the waits overlap rather than take turns for the
+// package's few parallel slots.
+func forDriversModesAtOnce(t *testing.T, f func(t *testing.T, drv driver, mode httpidem.Mode)) {
+	var wg sync.WaitGroup
+	for _, drv := range drivers {
+		wg.Go(func() {
+			t.Run(string(drv), func(t *testing.T) {
+				var inner sync.WaitGroup
+				for _, mode := range modes {
+					inner.Go(func() { t.Run(mode.String(), func(t *testing.T) { f(t, drv, mode) }) })
+				}
+				inner.Wait()
+			})
+		})
+	}
+	wg.Wait()
+}
+
 // bundle is what setup gives each test.
 type bundle struct {
 	drv     driver
