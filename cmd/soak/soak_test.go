@@ -370,30 +370,14 @@ func TestSoakBrokerTransportsWithFaults(t *testing.T) {
 // transports.
 func TestSoakNATSBatchWithFaults(t *testing.T) {
 	t.Parallel()
-	code, lines, db := runSoak(t, append([]string{"-transports", "nats-batch"}, externalArgs...)...)
-	if code != exitOK {
-		t.Fatalf("exit code = %d, want 0", code)
-	}
-	checkDatabase(t, db, "nats-batch")
-	checkLines(t, lines, 400, map[string][]string{
-		"nats-batch": {"errors", "panics", "killed", "stopped", "failed", "dead_lettered", "commit_lost", "cut"},
-	})
-	checkExternalEnds(t, lines)
+	soakExternal(t, "nats-batch", "errors", "panics", "killed", "stopped", "failed", "dead_lettered", "commit_lost", "cut")
 }
 
 // TestSoakAMQPWithFaults soaks the RabbitMQ runner on the machine's broker,
 // its broker connections cut every 40 effects.
 func TestSoakAMQPWithFaults(t *testing.T) {
 	t.Parallel()
-	code, lines, db := runSoak(t, append([]string{"-transports", "amqp"}, externalArgs...)...)
-	if code != exitOK {
-		t.Fatalf("exit code = %d, want 0", code)
-	}
-	checkDatabase(t, db, "amqp")
-	checkLines(t, lines, 400, map[string][]string{
-		"amqp": {"errors", "panics", "killed", "stopped", "redelivered", "failed", "dead_lettered", "refused", "broker_cut", "commit_lost", "cut"},
-	})
-	checkExternalEnds(t, lines)
+	soakExternal(t, "amqp", "errors", "panics", "killed", "stopped", "redelivered", "failed", "dead_lettered", "refused", "broker_cut", "commit_lost", "cut")
 }
 
 // TestSoakRedisWithFaults soaks the Redis Streams runner on the machine's
@@ -401,14 +385,21 @@ func TestSoakAMQPWithFaults(t *testing.T) {
 // subprocess killed mid-transaction, whose pending entries are reclaimed.
 func TestSoakRedisWithFaults(t *testing.T) {
 	t.Parallel()
-	code, lines, db := runSoak(t, append([]string{"-transports", "redis"}, externalArgs...)...)
+	soakExternal(t, "redis", "errors", "panics", "killed", "stopped", "redelivered", "failed", "dead_lettered", "refused", "broker_cut", "commit_lost", "cut")
+}
+
+// soakExternal soaks one transport alone with externalArgs and checks its
+// run: exit 0, the database (checkDatabase), its report line with every
+// fault of faults fired (checkLines) and its end states
+// (checkExternalEnds).
+func soakExternal(t *testing.T, transport string, faults ...string) {
+	t.Helper()
+	code, lines, db := runSoak(t, append([]string{"-transports", transport}, externalArgs...)...)
 	if code != exitOK {
 		t.Fatalf("exit code = %d, want 0", code)
 	}
-	checkDatabase(t, db, "redis")
-	checkLines(t, lines, 400, map[string][]string{
-		"redis": {"errors", "panics", "killed", "stopped", "redelivered", "failed", "dead_lettered", "refused", "broker_cut", "commit_lost", "cut"},
-	})
+	checkDatabase(t, db, transport)
+	checkLines(t, lines, 400, map[string][]string{transport: faults})
 	checkExternalEnds(t, lines)
 }
 
@@ -472,24 +463,33 @@ func TestSoakRefusesBadFlags(t *testing.T) {
 	}
 }
 
+// auditSoak sets up a soak of n inputs (no duplicates, none designed to
+// fail) on transport, for a test that writes the audit's evidence by hand;
+// it is closed when the test ends.
+func auditSoak(t *testing.T, n int, transport string) *soak {
+	t.Helper()
+	var stderr bytes.Buffer
+	opts, err := parseOptions([]string{"-database-url", dbtest.BaseURL(t), "-n", strconv.Itoa(n), "-dup", "0", "-poison", "0", "-keyless", "0",
+		"-transports", transport}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newSoak(context.Background(), opts, &stderr)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	t.Cleanup(s.close)
+	return s
+}
+
 // TestAuditCountsEveryMismatch proves that each count of the audit can fail,
 // not only "duplicated" (TestSoakCatchesNaiveConsumer): effects written by
 // hand leave one input missing, one duplicated and one unknown, and a key
 // stuck in flight past its lease, and the report says MISMATCH.
 func TestAuditCountsEveryMismatch(t *testing.T) {
 	t.Parallel()
-	var stderr bytes.Buffer
-	opts, err := parseOptions([]string{"-database-url", dbtest.BaseURL(t), "-n", "5", "-dup", "0", "-poison", "0", "-keyless", "0",
-		"-transports", "handle"}, &stderr)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	s, err := newSoak(ctx, opts, &stderr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.close()
+	s := auditSoak(t, 5, "handle")
 	if len(s.unique) != 5 {
 		t.Fatalf("unique = %d, want 5", len(s.unique))
 	}
@@ -524,18 +524,8 @@ VALUES ($1, 'm-000002', 'in_flight', 1, 1, now() - interval '1 minute', now(), n
 // and each mismatch once.
 func TestAuditThreeEndStates(t *testing.T) {
 	t.Parallel()
-	var stderr bytes.Buffer
-	opts, err := parseOptions([]string{"-database-url", dbtest.BaseURL(t), "-n", "10", "-dup", "0", "-poison", "0", "-keyless", "0",
-		"-transports", "poison"}, &stderr)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	s, err := newSoak(ctx, opts, &stderr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.close()
+	s := auditSoak(t, 10, "poison")
 	// Inputs of each kind, whatever the generator made.
 	s.inputs = []string{"m-1", "m-2", "m-3", "m-4", "f-1", "f-2", "f-3", "f-4", "k-1", "k-2"}
 	s.unique = map[string]bool{}
@@ -630,18 +620,8 @@ VALUES ($1, $2, 'failed', $3, 1, now(), now(), now() + interval '1 day')`, p.sco
 // (misreported=9 of 20 dropped COMMIT replies on the handle transport).
 func TestAuditCatchesMisreportedOutcome(t *testing.T) {
 	t.Parallel()
-	var stderr bytes.Buffer
-	opts, err := parseOptions([]string{"-database-url", dbtest.BaseURL(t), "-n", "4", "-dup", "0", "-poison", "0", "-keyless", "0",
-		"-transports", "handle"}, &stderr)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	s, err := newSoak(ctx, opts, &stderr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.close()
+	s := auditSoak(t, 4, "handle")
 	tr, _ := lookupTransport("handle")
 	e := newEnv(s, tr, "", nil)
 	e.name, e.scope = "audito", "soak-audito"
