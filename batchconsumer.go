@@ -469,7 +469,7 @@ func (b *BatchConsumer[M]) runBatch(ctx context.Context, mctx []context.Context,
 			err = b.inbox.StoreResultTx(ctx, g, c, *c.pending)
 		}
 		if err != nil {
-			if code, ok := sqlState(err); ok && code == pgerr.InFailedTx {
+			if code, ok := pgerr.SQLState(err); ok && code == pgerr.InFailedTx {
 				// The transaction was aborted before this message's turn:
 				// an earlier handler swallowed a failed statement, which a
 				// *sql.Tx cannot show at once. Blame no one here; the

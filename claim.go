@@ -433,7 +433,7 @@ func (i *Inbox) QueueStoreResult(b *pgx.Batch, c *Claim, r Result) error {
 	}
 	b.Queue(i.q.storeResultOrFail, args...).Fn = func(br pgx.BatchResults) error {
 		_, err := br.Exec()
-		if code, ok := sqlState(err); ok && code == pgerr.DivisionByZero {
+		if code, ok := pgerr.SQLState(err); ok && code == pgerr.DivisionByZero {
 			return wrap(leaseLost(c), err)
 		}
 		return translate(err)

@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactlyonce/dedupe/internal/direct"
 	"github.com/exactlyonce/dedupe/internal/pgxdriver"
+	"github.com/exactlyonce/dedupe/internal/txopts"
 )
 
 // TxHandlerFunc processes one message inside tx, the transaction that also
@@ -116,7 +116,7 @@ func newTxDriver[M any](inbox *Inbox, cfg *ConsumerConfig[M]) (txDriver, error) 
 		return txDriver{}, &ConfigError{Field: "Key", Reason: "is required"}
 	case cfg.LockTimeout < 0:
 		return txDriver{}, &ConfigError{Field: "LockTimeout", Reason: "must not be negative"}
-	case !validSyncCommit(cfg.SynchronousCommit):
+	case !txopts.ValidSyncCommit(cfg.SynchronousCommit):
 		return txDriver{}, &ConfigError{Field: "SynchronousCommit",
 			Reason: fmt.Sprintf("%q is none of on, remote_apply, remote_write, local, off", cfg.SynchronousCommit)}
 	}
@@ -136,34 +136,9 @@ func newTxDriver[M any](inbox *Inbox, cfg *ConsumerConfig[M]) (txDriver, error) 
 	case cfg.MaxAttempts > 0:
 		d.maxAttempts = cfg.MaxAttempts
 	}
-	d.settings = txSettings(cfg.LockTimeout, cfg.SynchronousCommit)
+	d.settings = txopts.Settings(cfg.LockTimeout, cfg.SynchronousCommit)
 	d.syncCommit = cfg.SynchronousCommit
 	return d, nil
-}
-
-// txSettings returns sqlTxSettings's argument for a consumer's settings, ""
-// when it has none. The values are validated: nothing needs escaping.
-func txSettings(lockTimeout time.Duration, syncCommit string) string {
-	var s []string
-	if lockTimeout > 0 {
-		s = append(s, fmt.Sprintf(`"lock_timeout":"%dms"`, max(lockTimeout.Milliseconds(), 1)))
-	}
-	if syncCommit != "" {
-		s = append(s, `"synchronous_commit":"`+syncCommit+`"`)
-	}
-	if len(s) == 0 {
-		return ""
-	}
-	return "{" + strings.Join(s, ",") + "}"
-}
-
-// validSyncCommit reports a value ConsumerConfig.SynchronousCommit accepts.
-func validSyncCommit(s string) bool {
-	switch s {
-	case "", "on", "remote_apply", "remote_write", "local", "off":
-		return true
-	}
-	return false
 }
 
 // Scope returns the consumer's scope.

@@ -11,7 +11,6 @@ import (
 	"github.com/exactlyonce/dedupe/internal/direct"
 	idriver "github.com/exactlyonce/dedupe/internal/driver"
 	"github.com/exactlyonce/dedupe/internal/pgbatch"
-	"github.com/exactlyonce/dedupe/internal/pgerr"
 	"github.com/exactlyonce/dedupe/internal/pgxdriver"
 	"github.com/exactlyonce/dedupe/internal/sqldb"
 )
@@ -73,9 +72,6 @@ func eraseTx[TTx, M any](d driver, h func(ctx context.Context, tx TTx, msg M) er
 	}
 	return func(ctx context.Context, tx any, msg M) error { return h(ctx, tx.(TTx), msg) }, nil
 }
-
-// isTxDone reports an error of a transaction that was already ended.
-func isTxDone(err error) bool { return pgerr.IsTxDone(err) }
 
 // inTx runs f in a transaction of d and commits it when f returns nil.
 func inTx(ctx context.Context, d driver, f func(tx Querier) error) error {

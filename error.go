@@ -3,10 +3,10 @@ package dedupe
 import (
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/exactlyonce/dedupe/internal/errtext"
 	"github.com/exactlyonce/dedupe/internal/pgerr"
 	"github.com/exactlyonce/dedupe/internal/sqldb"
 )
@@ -215,9 +215,6 @@ func mayHaveApplied(err error) bool {
 	return !errors.Is(err, pgx.ErrNoRows) && !isRefusal(err) && pgerr.MayHaveApplied(err)
 }
 
-// sqlState returns the SQLSTATE of a server error from any driver.
-func sqlState(err error) (string, bool) { return pgerr.SQLState(err) }
-
 // refusals are the sentinels of answers the server gave (a statement that
 // ran and changed nothing, a key in another state): never a lost reply.
 var refusals = []error{ErrLeaseLost, ErrNotFound, ErrInFlight, ErrConflict, ErrPoisoned, ErrInvalidKey,
@@ -238,9 +235,9 @@ func translate(err error) error {
 	if err == nil {
 		return nil
 	}
-	code, ok := sqlState(err)
+	code, ok := pgerr.SQLState(err)
 	if !ok {
-		if isTxDone(err) {
+		if pgerr.IsTxDone(err) {
 			return wrap(ErrTxEnded, err)
 		}
 		return err
@@ -271,39 +268,13 @@ var (
 
 // Every error text of the package starts with "dedupe: " once: an error
 // that wraps another of the package's prints the inner one without its
-// prefix (bareText), so that a chain reads "dedupe: a: b: c".
-
-// prefix begins every error text of the package.
-const prefix = "dedupe: "
+// prefix, so that a chain reads "dedupe: a: b: c" (internal/errtext).
 
 // bareText is err's text without the package's prefix.
-func bareText(err error) string {
-	if err == nil {
-		return "<nil>"
-	}
-	return strings.TrimPrefix(err.Error(), prefix)
-}
-
-// bareErr is an error printed without the package's prefix, for a message
-// that wraps it after its own (fmt.Errorf("dedupe: …: %w", bare(err))).
-type bareErr struct{ err error }
-
-func (b bareErr) Error() string { return bareText(b.err) }
-func (b bareErr) Unwrap() error { return b.err }
+func bareText(err error) string { return errtext.Text(err) }
 
 // bare returns err printed without the package's prefix; nil for nil.
-func bare(err error) error {
-	if err == nil {
-		return nil
-	}
-	return bareErr{err}
-}
-
-// wrapped is outer followed by inner, both matched by errors.Is/As.
-type wrapped struct{ outer, inner error }
-
-func (w *wrapped) Error() string   { return w.outer.Error() + ": " + bareText(w.inner) }
-func (w *wrapped) Unwrap() []error { return []error{w.outer, w.inner} }
+func bare(err error) error { return errtext.Bare(err) }
 
 // wrap returns outer: inner, inner printed without the package's prefix.
-func wrap(outer, inner error) error { return &wrapped{outer: outer, inner: inner} }
+func wrap(outer, inner error) error { return errtext.Wrap(outer, inner) }

@@ -309,7 +309,7 @@ const sqlReplication = `SELECT (SELECT count(*) FROM pg_stat_replication),
 
 // sqlTxSettings sets a consumer's settings for its claim's transaction
 // only, as SET LOCAL does: $1 is a JSON object of settings and their values
-// (txSettings: lock_timeout, synchronous_commit), sent with BEGIN.
+// (txopts.Settings: lock_timeout, synchronous_commit), sent with BEGIN.
 const sqlTxSettings = `SELECT set_config(s.name, s.value, true) FROM json_each_text($1::text::json) AS s(name, value)`
 
 // sqlCommitClaim commits a Consumer's transaction only if it is still the

@@ -21,7 +21,7 @@ import (
 type txDriver struct {
 	inbox       *Inbox
 	txOpts      pgx.TxOptions
-	settings    string // sqlTxSettings's argument (txSettings); "" for none
+	settings    string // sqlTxSettings's argument (txopts.Settings); "" for none
 	syncCommit  string // ConsumerConfig.SynchronousCommit
 	maxAttempts int    // 0 = no limit
 	// directBegin is the BEGIN of the direct claim round over pgx

@@ -184,7 +184,7 @@ func NewStmts(claimSQL, peekSQL, settingsSQL, savepointSQL string) *Stmts {
 		peek: stmt(peekSQL,
 			[]uint32{OIDTimestamptz, OIDText, OIDText, OIDInt8},
 			[]uint32{OIDText, OIDInt4, OIDInt8, OIDTimestamptz, OIDBytea, OIDTimestamptz}),
-		// The consumer's settings (txSettings), its lock timeout among them.
+		// The consumer's settings (txopts.Settings), its lock timeout among them.
 		lockTimeout: stmt(settingsSQL, []uint32{OIDText}, []uint32{OIDText}),
 		savepoint:   stmt(savepointSQL, nil, nil),
 	}
