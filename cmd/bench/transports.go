@@ -68,6 +68,19 @@ func (b *bench) natsStream(ctx context.Context, backlog int64) (jetstream.Consum
 // running the hand-written claim + effect transaction, committing, then
 // DoubleAck, as the runner does by default (handConsume).
 func (b *bench) natsHand(ctx context.Context, w int, sp span) (*sample, error) {
+	return b.natsHandRow(ctx, w, sp, max(2*w, 64), 0, func(ctx context.Context, win *window, msgs <-chan jetstream.Msg) {
+		handConsume(ctx, b, win, msgs, natsID,
+			func(m jetstream.Msg) error { return m.DoubleAck(ctx) },
+			func(m jetstream.Msg) { _ = m.Nak() })
+	})
+}
+
+// natsHandRow is the frame of the hand-written JetStream consumers: one
+// pull iterator reading readAhead messages ahead (PullMaxMessages) passes
+// them through a channel of buf to w workers running work until the
+// window is measured.
+func (b *bench) natsHandRow(ctx context.Context, w int, sp span, readAhead, buf int,
+	work func(ctx context.Context, win *window, msgs <-chan jetstream.Msg)) (*sample, error) {
 	cons, cleanup, err := b.natsStream(ctx, sp.backlog)
 	if err != nil {
 		return nil, err
@@ -75,19 +88,15 @@ func (b *bench) natsHand(ctx context.Context, w int, sp span) (*sample, error) {
 	defer cleanup()
 	win := newWindow(sp)
 	return b.drainRow(ctx, win, func(rctx context.Context) (func() error, error) {
-		it, err := cons.Messages(jetstream.PullMaxMessages(max(2*w, 64)))
+		it, err := cons.Messages(jetstream.PullMaxMessages(readAhead))
 		if err != nil {
 			return nil, err
 		}
-		msgs := make(chan jetstream.Msg)
+		msgs := make(chan jetstream.Msg, buf)
 		var wg sync.WaitGroup
 		wg.Go(func() { natsFeed(rctx, it, msgs) })
 		for range w {
-			wg.Go(func() {
-				handConsume(rctx, b, win, msgs, natsID,
-					func(m jetstream.Msg) error { return m.DoubleAck(rctx) },
-					func(m jetstream.Msg) { _ = m.Nak() })
-			})
+			wg.Go(func() { work(rctx, win, msgs) })
 		}
 		return func() error { it.Stop(); wg.Wait(); return nil }, nil
 	})
@@ -155,62 +164,44 @@ func (b *bench) natsRunnerSized(ctx context.Context, w int, sp span, batch int) 
 // with a statement of its own (as the runner's per-message handler does),
 // commits, then DoubleAcks each message. Latency: the transaction.
 func (b *bench) natsHandBatch(ctx context.Context, w int, sp span) (*sample, error) {
-	cons, cleanup, err := b.natsStream(ctx, sp.backlog)
-	if err != nil {
-		return nil, err
-	}
-	defer cleanup()
-	win := newWindow(sp)
-	return b.drainRow(ctx, win, func(rctx context.Context) (func() error, error) {
-		it, err := cons.Messages(jetstream.PullMaxMessages(max(w*natsBatch, 64)))
-		if err != nil {
-			return nil, err
-		}
-		msgs := make(chan jetstream.Msg, max(w*natsBatch, 64))
-		var wg sync.WaitGroup
-		wg.Go(func() { natsFeed(rctx, it, msgs) })
-		for range w {
-			wg.Go(func() {
-				batch := make([]jetstream.Msg, 0, natsBatch)
-				ids := make([]string, 0, natsBatch)
-				for m := range msgs {
-					batch, ids = append(batch[:0], m), ids[:0]
-				fill:
-					for len(batch) < natsBatch {
-						select {
-						case m, ok := <-msgs:
-							if !ok {
-								break fill
-							}
-							batch = append(batch, m)
-						default:
-							break fill
-						}
+	return b.natsHandRow(ctx, w, sp, max(w*natsBatch, 64), max(w*natsBatch, 64), func(ctx context.Context, win *window, msgs <-chan jetstream.Msg) {
+		batch := make([]jetstream.Msg, 0, natsBatch)
+		ids := make([]string, 0, natsBatch)
+		for m := range msgs {
+			batch, ids = append(batch[:0], m), ids[:0]
+		fill:
+			for len(batch) < natsBatch {
+				select {
+				case m, ok := <-msgs:
+					if !ok {
+						break fill
 					}
-					for _, m := range batch {
-						ids = append(ids, natsID(m))
-					}
-					t0 := time.Now()
-					if err := b.handClaimEffectsTx(rctx, ids); err != nil {
-						if rctx.Err() == nil {
-							win.fail(err)
-						}
-						for _, m := range batch {
-							_ = m.Nak()
-						}
-						continue
-					}
-					win.lat.add(time.Since(t0))
-					win.add(int64(len(batch))) // committed, counted as the runner's are
-					for _, m := range batch {
-						if err := m.DoubleAck(rctx); err != nil && rctx.Err() == nil {
-							win.fail(err)
-						}
-					}
+					batch = append(batch, m)
+				default:
+					break fill
 				}
-			})
+			}
+			for _, m := range batch {
+				ids = append(ids, natsID(m))
+			}
+			t0 := time.Now()
+			if err := b.handClaimEffectsTx(ctx, ids); err != nil {
+				if ctx.Err() == nil {
+					win.fail(err)
+				}
+				for _, m := range batch {
+					_ = m.Nak()
+				}
+				continue
+			}
+			win.lat.add(time.Since(t0))
+			win.add(int64(len(batch))) // committed, counted as the runner's are
+			for _, m := range batch {
+				if err := m.DoubleAck(ctx); err != nil && ctx.Err() == nil {
+					win.fail(err)
+				}
+			}
 		}
-		return func() error { it.Stop(); wg.Wait(); return nil }, nil
 	})
 }
 
