@@ -38,6 +38,7 @@ type options struct {
 	transports  bool
 	timeout     time.Duration
 	quiesceWait time.Duration // the wait for autovacuum before a row, at most
+	checkpoint  bool          // a CHECKPOINT before each row
 	backlogRate float64       // expected transport throughput for the backlogs (0: each row's own)
 }
 
@@ -64,6 +65,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.transports, "transports", true, "also measure the NATS and Kafka runners and the outbox relay (in-process brokers)")
 	fs.DurationVar(&o.timeout, "timeout", time.Hour, "the whole run stops with an error after this")
 	fs.DurationVar(&o.quiesceWait, "quiesce-wait", 60*time.Second, "before each row, wait this long at most for autovacuum workers to finish (after a CHECKPOINT)")
+	fs.BoolVar(&o.checkpoint, "checkpoint", true, "run a CHECKPOINT before each row (off: a tiny run on a shared server, where it would only slow the others)")
 	fs.Float64Var(&o.backlogRate, "backlog-rate", 0, "expected transport throughput in msgs/s that sizes the transport rows' backlogs, in place of each row's own ceiling (0: the ceiling; a tiny run needs far fewer)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err

@@ -14,10 +14,13 @@ import (
 // runs (the batch rows leave tables for autovacuum to visit), at most
 // -quiesce-wait. Both sides of the row then start from the same state, which
 // their interleaved rounds keep. A server that refuses CHECKPOINT (a role
-// without pg_checkpoint) is only waited for.
+// without pg_checkpoint) is only waited for; -checkpoint=false leaves the
+// CHECKPOINT out.
 func (b *bench) quiesce(ctx context.Context, log io.Writer) {
-	if _, err := b.pool.Exec(ctx, "CHECKPOINT"); err != nil {
-		fmt.Fprintf(log, "bench: CHECKPOINT before the row: %v\n", err)
+	if b.opts.checkpoint {
+		if _, err := b.pool.Exec(ctx, "CHECKPOINT"); err != nil {
+			fmt.Fprintf(log, "bench: CHECKPOINT before the row: %v\n", err)
+		}
 	}
 	wait := b.opts.quiesceWait
 	deadline := time.Now().Add(wait)
