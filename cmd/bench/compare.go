@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -221,12 +222,24 @@ func (rep *report) runSide(ctx context.Context, b *bench, c *comparison, s *side
 	o := rep.opts
 	tag := fmt.Sprintf("r%d-%d", b.seq.Add(1), round)
 	if s.drain != nil {
-		b.run = tag
-		smp, err := s.drain(b, ctx, w, span{backlog: b.backlogs.size(o, c, w, round, d), window: d})
-		if err == nil {
-			b.backlogs.observed(c, smp)
+		// A backlog that ran out during the warm-up measured nothing: the
+		// run was faster than its sizing expected (a first round with no
+		// faster run observed yet, under -backlog-rate). It runs again, on
+		// a backlog four times larger, which the other side of the round
+		// then gets too.
+		for tries := 1; ; tries++ {
+			b.run = tag
+			smp, err := s.drain(b, ctx, w, span{backlog: b.backlogs.size(o, c, w, round, d), window: d})
+			if errors.Is(err, errBacklogDrained) && tries < 4 {
+				b.backlogs.grow(c, w, round)
+				tag = fmt.Sprintf("r%d-%d", b.seq.Add(1), round)
+				continue
+			}
+			if err == nil {
+				b.backlogs.observed(c, smp)
+			}
+			return smp, err
 		}
-		return smp, err
 	}
 	if c.fresh {
 		if err := b.reset(ctx, tag); err != nil {

@@ -172,6 +172,15 @@ func (bl *backlogs) size(o *options, c *comparison, w, round int, window time.Du
 	return n
 }
 
+// grow makes a round's backlog four times larger, after a run that drained
+// it during the warm-up.
+func (bl *backlogs) grow(c *comparison, w, round int) {
+	bl.mu.Lock()
+	defer bl.mu.Unlock()
+	k := fmt.Sprintf("%s/%d/%d", c.name, w, round)
+	bl.sizes[k] *= 4
+}
+
 // observed records a measured throughput of a comparison.
 func (bl *backlogs) observed(c *comparison, s *sample) {
 	bl.mu.Lock()
