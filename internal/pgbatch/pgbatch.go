@@ -10,14 +10,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/exactlyonce/dedupe/internal/driver"
 )
 
 // Querier is dedupe.Querier: what runs a statement.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+type Querier = driver.Querier
 
 // Send runs b's statements on q: in one round trip when q is a pgx pool,
 // connection or transaction, else one after the other.
