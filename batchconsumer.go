@@ -353,7 +353,13 @@ func (b *BatchConsumer[M]) batchTx(ctx context.Context, mctx []context.Context, 
 		b.endedAt(ctx, keys, valid, fresh, claims, failedAt, b.endedCause(herr, nil), res)
 	}
 	// The messages before the failing one, again as a batch; the ones after
-	// it wait for their redelivery, so that order is kept.
+	// it wait for their redelivery, so that order is kept. This transaction
+	// ends first (a no-op once committed): when its record failed (its
+	// connection died under the handler, a reply was lost) it still holds
+	// its connection, and the claims of those very messages if the
+	// connection lives; the batch that follows would wait for either
+	// forever, on a pool of few connections or on its own claims.
+	_ = tx.Rollback(context.WithoutCancel(ctx))
 	if failedAt > 0 {
 		b.handle(ctx, mctx, msgs, keys, valid[:failedAt], res)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -58,6 +59,73 @@ func TestHandleBatchOutcomes(t *testing.T) {
 	for _, id := range []string{"b-1", "b-2", "b-3"} {
 		if got := b.effects(t, id); got != 1 {
 			t.Errorf("effects of %s = %d, want 1", id, got)
+		}
+	}
+}
+
+// TestHandleBatchFailureOnDeadConnectionPoolOfOne: the connection of a
+// batch's transaction dies under its second handler, which fails, so its
+// attempt cannot be recorded; the first message is then handled again as a
+// batch. On a pool of one connection that batch gets a connection only once
+// the failed transaction has given back its dead one; HandleBatch used to
+// wait for it forever. The first message commits, the second is left to its
+// redelivery (its failure unrecorded) and the third is not attempted.
+func TestHandleBatchFailureOnDeadConnectionPoolOfOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	inbox, err := dedupe.New(b.db.AppPool(t, "victim-"+b.db.Schema, 1), dedupe.Config{Clock: b.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var killed atomic.Bool
+	c, err := dedupe.NewBatchConsumer(inbox, dedupe.ConsumerConfig[order]{Scope: "orders", Key: orderKey},
+		func(ctx context.Context, tx pgx.Tx, o order) error {
+			if err := insertEffect(ctx, tx, o); err != nil {
+				return err
+			}
+			if o.ID != "p-2" || !killed.CompareAndSwap(false, true) {
+				return nil
+			}
+			var pid uint32
+			if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+				return err
+			}
+			if _, err := b.db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "SELECT 1") // the connection is gone
+			return err
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan []dedupe.BatchResult, 1)
+	go func() { done <- c.HandleBatch(ctx, []order{{ID: "p-1"}, {ID: "p-2"}, {ID: "p-3"}}) }()
+	var res []dedupe.BatchResult
+	select {
+	case res = <-done:
+	case <-time.After(30 * time.Second):
+		cancel()
+		<-done
+		t.Fatal("HandleBatch made no progress for 30s: the batch after the failure waits for the pool's only connection")
+	}
+	if !killed.Load() {
+		t.Fatal("p-2's handler did not run")
+	}
+	if res[0].Outcome != dedupe.OutcomeClaimed || res[0].Err != nil {
+		t.Fatalf("p-1 = %v, %v; want claimed", res[0].Outcome, res[0].Err)
+	}
+	if he, ok := errors.AsType[*dedupe.HandlerError](res[1].Err); !ok || he.Recorded {
+		t.Fatalf("p-2 = %v, %v; want a handler failure, unrecorded", res[1].Outcome, res[1].Err)
+	}
+	if !errors.Is(res[2].Err, dedupe.ErrNotAttempted) {
+		t.Fatalf("p-3 = %v, %v; want not attempted", res[2].Outcome, res[2].Err)
+	}
+	for id, want := range map[string]int{"p-1": 1, "p-2": 0, "p-3": 0} {
+		if got := b.effects(t, id); got != want {
+			t.Errorf("effects of %s = %d, want %d", id, got, want)
 		}
 	}
 }
