@@ -120,6 +120,82 @@ func TestBatchFailingMessageIsolated(t *testing.T) {
 	}
 }
 
+// TestBatchFailingMessageOnDeadConnectionPoolOfOne kills the connection of
+// a batch's transaction under its second handler, which then fails: the
+// failing message's attempt cannot be recorded in that transaction, and the
+// message before it is handled again as a batch, which needs a connection.
+// On a pool of one connection the batch's transaction must give back its
+// dead one first; held, the worker waited for it forever while the
+// heartbeat kept every message it held from redelivery (the nats-batch
+// soak's stall: no progress, inputs without an inbox row, keys left in
+// flight). Every message commits once and is acknowledged.
+func TestBatchFailingMessageOnDeadConnectionPoolOfOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	const total = 20
+	for n := range total {
+		b.publish(t, fmt.Sprintf("o-%d", n), "x")
+	}
+	c := observetest.New()
+	inbox, err := dedupe.New(b.db.AppPool(t, "nats-batch-pool-of-one", 1), dedupe.Config{Observer: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := *b
+	one.inbox = inbox
+	cfg := batchConfig(total)
+	cfg.Workers = 1
+	cfg.DrainTimeout = time.Second
+	var (
+		mu     sync.Mutex
+		calls  = map[pgx.Tx]int{} // handlers run per transaction
+		killed atomic.Int64
+	)
+	h := func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+		if err := insertEffect(ctx, tx, msg); err != nil {
+			return err
+		}
+		mu.Lock()
+		calls[tx]++
+		second := calls[tx] == 2
+		mu.Unlock()
+		if !second || !killed.CompareAndSwap(0, 1) {
+			return nil
+		}
+		// The second handler of a batch: its connection dies under it (a
+		// backend terminated, a reply the network dropped), and its next
+		// statement fails.
+		var pid uint32
+		if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			return err
+		}
+		if _, err := b.db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+			return err
+		}
+		killed.Store(2) // the connection outlived its termination: the fault did not happen
+		return nil
+	}
+	dbtest.Background(t, "runner", newRunner(t, &one, b.cons, cfg, h).Run)
+	c.Wait(t, 20*time.Second, "every message acknowledged", func() bool {
+		return processed(c) == total && b.unacked(t) == 0
+	})
+	if k := killed.Load(); k != 1 {
+		t.Fatalf("connection kills = %d (2: it survived), want 1", k)
+	}
+	if n := b.effects(t); n != total {
+		t.Fatalf("effects = %d, want %d", n, total)
+	}
+	if n := b.db.Count(t, "SELECT count(DISTINCT msg_id) FROM effects"); n != total {
+		t.Fatalf("distinct effects = %d, want %d", n, total)
+	}
+	if duplicates(c) != 0 || c.Events(dedupe.EventTerminated) != 0 || c.Events(dedupe.EventBatchHandled) == 0 {
+		t.Fatalf("observed %s; want batches, no duplicate, no termination", c)
+	}
+}
+
 // TestBatchMaxDeliverRecorded runs a batch-mode runner on a consumer with
 // MaxDeliver 3 and a message whose handler always fails, among others that
 // succeed: the others commit once, and the failing one is recorded failed
