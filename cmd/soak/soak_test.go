@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -54,21 +55,70 @@ func atoi(t *testing.T, m map[string]string, k string) int {
 // checkDatabase, and the test drops it at the end.
 func runSoak(t *testing.T, args ...string) (int, map[string]map[string]string, *keptRun) {
 	t.Helper()
-	var stdout, stderr bytes.Buffer
-	args = append([]string{"-database-url", dbtest.BaseURL(t), "-keep"}, args...)
-	code := run(context.Background(), args, &stdout, &stderr)
-	t.Logf("soak %s\n%s%s", strings.Join(args[3:], " "), stderr.String(), stdout.String())
+	return soakResult(t, execSoak(dbtest.BaseURL(t), args))
+}
+
+// soakRun is one in-process run of the command: its arguments, exit code
+// and output.
+type soakRun struct {
+	args           []string
+	code           int
+	stdout, stderr bytes.Buffer
+}
+
+// execSoak runs the command in-process on the database at base, keeping
+// its schema (-keep). It touches no testing.T, so runs can go at once on
+// goroutines of one test (runSoaksAtOnce).
+func execSoak(base string, args []string) *soakRun {
+	r := &soakRun{args: append([]string{"-database-url", base, "-keep"}, args...)}
+	r.code = run(context.Background(), r.args, &r.stdout, &r.stderr)
+	return r
+}
+
+// runSoaksAtOnce runs the command once per transport of transports, each
+// run with args and that transport alone, all at once, and returns their
+// exit codes, report lines and kept schemas as runSoak does, by transport.
+// A transport's run alone is the run it gets among others (its faults are
+// seeded by -seed and its name, its inputs by the other flags), and the
+// runs, waiting mostly on the database, brokers and leases, overlap instead
+// of following one another. Goroutines, not parallel subtests: go test
+// runs only GOMAXPROCS tests at once.
+func runSoaksAtOnce(t *testing.T, transports []string, args ...string) (map[string]int, map[string]map[string]string, map[string]*keptRun) {
+	t.Helper()
+	base := dbtest.BaseURL(t)
+	runs := make([]*soakRun, len(transports))
+	var wg sync.WaitGroup
+	for i, tr := range transports {
+		wg.Go(func() { runs[i] = execSoak(base, append([]string{"-transports", tr}, args...)) })
+	}
+	wg.Wait()
+	codes, lines, kept := map[string]int{}, map[string]map[string]string{}, map[string]*keptRun{}
+	for i, tr := range transports {
+		code, l, k := soakResult(t, runs[i])
+		codes[tr], kept[tr] = code, k
+		for name, f := range l {
+			lines[name] = f
+		}
+	}
+	return codes, lines, kept
+}
+
+// soakResult logs a run and returns its exit code, its report lines by
+// transport and its kept schema, dropped when the test ends.
+func soakResult(t *testing.T, r *soakRun) (int, map[string]map[string]string, *keptRun) {
+	t.Helper()
+	t.Logf("soak %s\n%s%s", strings.Join(r.args[3:], " "), r.stderr.String(), r.stdout.String())
 	var k *keptRun
-	if m := schemaLine.FindStringSubmatch(stderr.String()); m != nil {
+	if m := schemaLine.FindStringSubmatch(r.stderr.String()); m != nil {
 		k = keepSchema(t, m[1])
-		opts, err := parseOptions(args, io.Discard)
+		opts, err := parseOptions(r.args, io.Discard)
 		if err != nil {
 			t.Fatal(err)
 		}
 		k.opts = opts
 	}
 	lines := map[string]map[string]string{}
-	for _, l := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+	for _, l := range strings.Split(strings.TrimSpace(r.stdout.String()), "\n") {
 		if l == "" {
 			continue
 		}
@@ -78,7 +128,7 @@ func runSoak(t *testing.T, args ...string) (int, map[string]map[string]string, *
 		f := fields(t, l)
 		lines[f["transport"]] = f
 	}
-	return code, lines, k
+	return r.code, lines, k
 }
 
 // schemaLine is the soak's first line on stderr, naming its schema.
@@ -212,15 +262,13 @@ var proxyFaults = []string{"-drop-commit-rate", "0.05", "-drop-reply-rate", "0.0
 
 func TestSoakWithFaultsExactlyOneEffectEach(t *testing.T) {
 	t.Parallel()
-	code, lines, db := runSoak(t, append([]string{"-n", "800", "-dup", "0.3", "-seed", "42", "-workers", "4",
-		"-transports", "handle,leased,batch", "-poison", "0.03",
+	transports := []string{"handle", "leased", "batch"}
+	codes, lines, dbs := runSoaksAtOnce(t, transports, append([]string{"-n", "800", "-dup", "0.3", "-seed", "42", "-workers", "4",
+		"-poison", "0.03",
 		"-error-rate", "0.05", "-panic-rate", "0.03", "-redeliver-rate", "0.05",
 		"-kill-rate", "0.25", "-kills", "2", "-abandon-rate", "0.04", "-late-rate", "0.03",
 		"-terminate-every", "20", "-lease", "150ms"}, proxyFaults...)...)
-	if code != exitOK {
-		t.Fatalf("exit code = %d, want 0", code)
-	}
-	checkDatabase(t, db, "handle", "leased", "batch")
+	checkRuns(t, codes, dbs)
 	proxied := []string{"commit_lost", "reply_lost", "cut"}
 	checkLines(t, lines, 800, map[string][]string{
 		"handle": append([]string{"errors", "panics", "terminated", "killed", "redelivered", "failed"}, proxied...),
@@ -232,6 +280,23 @@ func TestSoakWithFaultsExactlyOneEffectEach(t *testing.T) {
 	}
 	if f := lines["batch"]; f != nil && atoi(t, f, "designed_to_fail") != 0 {
 		t.Errorf("batch fails no input by design: %v", f)
+	}
+}
+
+// checkRuns checks the runs of runSoaksAtOnce: each transport's run exited
+// 0, and its database holds what it should (checkDatabase).
+func checkRuns(t *testing.T, codes map[string]int, dbs map[string]*keptRun) {
+	t.Helper()
+	for tr, code := range codes {
+		if code != exitOK {
+			t.Errorf("%s: exit code = %d, want 0", tr, code)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	for tr, db := range dbs {
+		checkDatabase(t, db, tr)
 	}
 }
 
@@ -351,11 +416,8 @@ func checkExternalEnds(t *testing.T, lines map[string]map[string]string) {
 
 func TestSoakBrokerTransportsWithFaults(t *testing.T) {
 	t.Parallel()
-	code, lines, db := runSoak(t, append([]string{"-transports", "nats,kafka,kafka-batch"}, externalArgs...)...)
-	if code != exitOK {
-		t.Fatalf("exit code = %d, want 0", code)
-	}
-	checkDatabase(t, db, "nats", "kafka", "kafka-batch")
+	codes, lines, dbs := runSoaksAtOnce(t, []string{"nats", "kafka", "kafka-batch"}, externalArgs...)
+	checkRuns(t, codes, dbs)
 	proxied := []string{"commit_lost", "cut"}
 	checkLines(t, lines, 400, map[string][]string{
 		"nats":        append([]string{"errors", "panics", "killed", "stopped", "failed", "dead_lettered"}, proxied...),
@@ -405,11 +467,8 @@ func soakExternal(t *testing.T, transport string, faults ...string) {
 
 func TestSoakHTTPAndOutboxWithFaults(t *testing.T) {
 	t.Parallel()
-	code, lines, db := runSoak(t, append([]string{"-transports", "webhook,httpidem,outbox"}, externalArgs...)...)
-	if code != exitOK {
-		t.Fatalf("exit code = %d, want 0", code)
-	}
-	checkDatabase(t, db, "webhook", "httpidem", "outbox")
+	codes, lines, dbs := runSoaksAtOnce(t, []string{"webhook", "httpidem", "outbox"}, externalArgs...)
+	checkRuns(t, codes, dbs)
 	proxied := []string{"commit_lost", "cut"}
 	checkLines(t, lines, 400, map[string][]string{
 		"webhook":  append([]string{"errors", "panics", "killed", "stopped", "redelivered", "failed"}, proxied...),
