@@ -74,7 +74,8 @@ var (
 	goEnvErr  error
 )
 
-// goEnvVars returns NAME=value for goEnvNames, as "go env" reports them.
+// goEnvVars returns NAME=value for goEnvNames, as "go env" reports them,
+// with -trimpath added to GOFLAGS.
 func goEnvVars(t *testing.T) []string {
 	t.Helper()
 	goEnvOnce.Do(func() {
@@ -87,6 +88,11 @@ func goEnvVars(t *testing.T) []string {
 		if goEnvErr = json.Unmarshal(out, &m); goEnvErr != nil {
 			return
 		}
+		// -trimpath keeps each package's directory out of its build cache
+		// key, so the scripts' copies of the repository, each in a
+		// directory of its own, share one compilation of the repository's
+		// packages instead of compiling them again per copy.
+		m["GOFLAGS"] = strings.TrimSpace(m["GOFLAGS"] + " -trimpath")
 		for _, name := range goEnvNames {
 			if m[name] != "" {
 				goEnv = append(goEnv, name+"="+m[name])

@@ -26,9 +26,9 @@ var notRun = map[string]string{
 // shell block of README.md or docs/*.md, word for word (TestREADMEBlocksCovered checks
 // that), and runs it with bash in a copy of the repository, with a schema
 // of its own in DATABASE_URL and free ports in NATS_URL, KAFKA_BROKERS and
-// ADDR, then checks what it printed and wrote. (Each copy compiles the
-// repository's own packages again, their directory being part of the build
-// cache's key; third-party packages come from the cache.)
+// ADDR, then checks what it printed and wrote. (The scripts build with
+// -trimpath (goEnvVars), so the copies, each in its own directory, share
+// one compilation of the repository's packages from the build cache.)
 func TestREADMEBlocksRun(t *testing.T) {
 	root := repoRoot(t)
 	base := dbtest.BaseURL(t)
