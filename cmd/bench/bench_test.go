@@ -24,7 +24,7 @@ func tinyArgs(t *testing.T, more ...string) []string {
 	return append([]string{"-database-url", dbtest.BaseURL(t), "-duration", "120ms", "-warmup", "30ms", "-rounds", "2",
 		"-workers", "2", "-batch", "10", "-probe-ops", "30", "-dup-keys", "200", "-inbox-rows", "2000",
 		"-size-workers", "2", "-purge-rows", "3000", "-timeout", "5m", "-markdown",
-		"-quiesce-wait", "0", "-checkpoint=false", "-backlog-rate", "2000"}, more...)
+		"-quiesce-wait", "0", "-checkpoint=false", "-backlog-rate", "2000", "-tx-cpu", "40"}, more...)
 }
 
 // mdTables splits a Markdown report into its tables: title → rows of cells.
@@ -149,6 +149,24 @@ func TestBenchTinyRunReportsEveryRow(t *testing.T) {
 	if len(purge) != 2 || !strings.Contains(purge[1][0], "while") || !strings.HasSuffix(purge[1][6], "×") {
 		t.Errorf("purge rows %q", purge)
 	}
+	// The server-CPU section: every transaction shape, each with a CPU
+	// time (the server runs on this machine), the first the baseline.
+	txs := tableOf(t, tables, titleTxCPU)
+	if len(txs) != len(txVariants) {
+		t.Fatalf("server CPU rows %q, want one per shape (%d)", txs, len(txVariants))
+	}
+	for i, cells := range txs {
+		if cells[0] != txVariants[i].name {
+			t.Errorf("server CPU row %d is %q, want %q", i, cells[0], txVariants[i].name)
+		}
+		med, err := strconv.ParseFloat(strings.TrimSuffix(cells[1], " µs"), 64)
+		if err != nil || med <= 0 {
+			t.Errorf("server CPU median %q in %q", cells[1], cells)
+		}
+	}
+	if txs[0][4] != "+0.0 µs" {
+		t.Errorf("the baseline's own difference = %q, want +0.0 µs", txs[0][4])
+	}
 }
 
 // TestBenchOnlyPicksRows runs the comparisons that -only picks by their
@@ -186,7 +204,7 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-workers", "0"}, {"-workers", "x"}, {"-duration", "0"}, {"-batch", "0"}, {"-inbox-rows", "-5"},
 		{"-rounds", "0"}, {"-rounds", "1"}, {"-rounds", "5"}, {"-probe-ops", "0"}, {"-purge-rows", "x"}, {"-timeout", "0"}, {"stray"},
-		{"-quiesce-wait", "-1s"}, {"-backlog-rate", "-1"},
+		{"-quiesce-wait", "-1s"}, {"-backlog-rate", "-1"}, {"-tx-cpu", "-1"},
 		{"-database-url", "postgres://postgres@db.example.com:5432/test"},
 		{"-database-url", "postgres://postgres@10.0.0.7:5432/test"},
 		{"-dsn", "postgres://postgres@10.0.0.7:5432/test"}, // the deprecated name, still read

@@ -40,6 +40,7 @@ type options struct {
 	quiesceWait time.Duration // the wait for autovacuum before a row, at most
 	checkpoint  bool          // a CHECKPOINT before each row
 	backlogRate float64       // expected transport throughput for the backlogs (0: each row's own)
+	txCPU       int           // transactions of each shape in the server-CPU section (0: none)
 }
 
 func parseOptions(args []string, stderr io.Writer) (*options, error) {
@@ -59,6 +60,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&rows, "inbox-rows", "1e5", "comma-separated inbox sizes to preload with generate_series for the inbox-size rows (e.g. 1e5,1e6,1e7; empty: skip)")
 	fs.IntVar(&o.sizeWorkers, "size-workers", 8, "workers of the inbox-size and purge rows")
 	fs.StringVar(&purgeRows, "purge-rows", "1e5", "expired keys Inbox.Purge deletes in the purge rows (0: skip)")
+	fs.IntVar(&o.txCPU, "tx-cpu", 2000, "transactions of each shape the server-CPU section runs on one backend, interleaved, to price the inbox row (0: skip)")
 	fs.BoolVar(&o.markdown, "markdown", false, "print the report as Markdown tables")
 	fs.IntVar(&o.maxConns, "max-conns", 34, "connections of the pool at most (PostgreSQL's max_connections is shared; the database/sql rows open as many again)")
 	fs.StringVar(&only, "only", "", "comma-separated substrings: run only the rows whose name contains one")
@@ -115,6 +117,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("-rounds must be even (at least 2): each side is A in A B B A in half of the rounds")
 	case o.batch < 1:
 		return nil, errors.New("-batch must be at least 1")
+	case o.txCPU < 0:
+		return nil, errors.New("-tx-cpu must not be negative")
 	case o.probeOps < 1:
 		return nil, errors.New("-probe-ops must be at least 1")
 	case o.dupKeys < 1:

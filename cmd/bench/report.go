@@ -24,6 +24,7 @@ const (
 	titleCost      = "Per message: PostgreSQL round trips and allocations (dedupe / hand-written)"
 	titleSizes     = "Consumer.Handle by inbox size"
 	titlePurge     = "Retention purge"
+	titleTxCPU     = "Server CPU per transaction"
 )
 
 func (rep *report) tables() []table {
@@ -70,6 +71,9 @@ func (rep *report) tables() []table {
 			lib, hand := merge(r.lib), merge(r.hand)
 			t.rows = append(t.rows, []string{r.c.name, rate(lib), rate(hand), ratioMedian(r.ratios), ratioRange(r.ratios), lat(lib), lat(hand), pgCPUPair(r)})
 		}
+		ts = append(ts, t)
+	}
+	if t, ok := rep.txCPUTable(); ok {
 		ts = append(ts, t)
 	}
 	if len(rep.purgeAlone) > 0 {

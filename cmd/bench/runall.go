@@ -28,6 +28,7 @@ type report struct {
 	purge                   *compared
 	purgeAlone, purgeLoaded []time.Duration
 	purgeAloneCPU           []time.Duration // PostgreSQL CPU of each purge alone
+	txCPU                   []*txCPUResult  // the server-CPU section, when -tx-cpu > 0
 	server                  string
 	cores                   int
 	started                 time.Time
@@ -110,6 +111,9 @@ func runAll(ctx context.Context, o *options, log io.Writer) (*report, error) {
 	// A section that fails ends the run; the rows measured before it are
 	// still reported.
 	if err := rep.runComparisons(ctx, b, sectionCore, log); err != nil {
+		return rep, &partialError{err}
+	}
+	if err := rep.runTxCPU(ctx, cfg, log); err != nil {
 		return rep, &partialError{err}
 	}
 	if err := rep.runSizes(ctx, b, log); err != nil {
