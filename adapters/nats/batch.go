@@ -3,6 +3,8 @@ package dedupenats
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -81,6 +83,14 @@ func (r *Runner) handleDeliveries(ctx context.Context, p phase, ds []delivery) [
 	}
 	res := r.batch.HandleBatch(ctx, batch)
 	r.batchEvent(ctx, dedupe.EventBatchHandled, batch[0], nil, len(batch))
+	// The committed first: their acknowledgements go out together.
+	done := make([]*delivery, 0, len(res))
+	for n, br := range res {
+		if br.Err == nil {
+			done = append(done, &ds[n])
+		}
+	}
+	r.ackAll(ctx, done)
 	var again []delivery
 	fellBack := false
 	for n, br := range res {
@@ -88,7 +98,7 @@ func (r *Runner) handleDeliveries(ctx context.Context, p phase, ds []delivery) [
 		he, handlerFailed := errors.AsType[*dedupe.HandlerError](br.Err)
 		switch {
 		case br.Err == nil:
-			r.ack(ctx, d) //nolint:errcheck // reported as dedupe.EventAckFailed
+			// Acknowledged above.
 		case br.Outcome == dedupe.OutcomePoisoned:
 			// The key is recorded as failed in the inbox.
 			r.term(ctx, d, br.Err)
@@ -114,6 +124,35 @@ func (r *Runner) handleDeliveries(ctx context.Context, p phase, ds []delivery) [
 	}
 	return again
 }
+
+// ackAll acknowledges the messages of a batch whose effects committed. Their
+// DoubleAcks go out together, ackers at a time, so that a batch waits for
+// about one reply from the server rather than one after the other; an Ack
+// (AckSingle) waits for nothing and goes from this goroutine.
+func (r *Runner) ackAll(ctx context.Context, ds []*delivery) {
+	if len(ds) <= 1 || r.cfg.AckMode == AckSingle {
+		for _, d := range ds {
+			r.ack(ctx, d) //nolint:errcheck // reported as dedupe.EventAckFailed
+		}
+		return
+	}
+	var (
+		next atomic.Int64
+		wg   sync.WaitGroup
+	)
+	for range min(len(ds), ackers) {
+		wg.Go(func() {
+			for n := next.Add(1) - 1; n < int64(len(ds)); n = next.Add(1) - 1 {
+				r.ack(ctx, ds[n]) //nolint:errcheck // reported as dedupe.EventAckFailed
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// ackers bounds the DoubleAcks of one batch waiting for their replies at
+// once.
+const ackers = 16
 
 // batchEvent tells the inbox's Observer what the runner did with a batch of
 // count messages, the first of which is msg.
