@@ -120,11 +120,25 @@ func outsideTx(env *dedupetest.Env) dedupe.HandlerFunc[charge] {
 // of eight, the handler writing through the pool: every connection holds a
 // claim (or waits on the first one's) and the first waits for a ninth. The
 // kit must fail, within the test's deadline, naming that cause (it hung
-// until go test's -timeout before).
+// until go test's -timeout before). The handler asks for its second
+// connection only once the copies hold all eight: on a loaded machine the
+// first copy could otherwise get one before the others took theirs, and
+// finish.
 func TestKitFailsHandlerWaitingForSecondConnection(t *testing.T) {
 	t.Parallel()
-	env := dedupetest.New(t, dedupetest.Options{MaxConns: 8, Setup: []string{chargesTable}})
-	c := consumerOf(t, env.Inbox, outsideTx(env))
+	const conns = 8
+	env := dedupetest.New(t, dedupetest.Options{MaxConns: conns, Setup: []string{chargesTable}})
+	outside := outsideTx(env)
+	c := consumerOf(t, env.Inbox, func(ctx context.Context, tx pgx.Tx, ch charge) error {
+		for env.Pool.Stat().AcquiredConns() < conns {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Millisecond):
+			}
+		}
+		return outside(ctx, tx, ch)
+	})
 	started := time.Now()
 	failures := runKit(t, 3*time.Second, func(tb testing.TB) {
 		dedupetest.Deliver(tb, c, charge{OrderID: "o-1", Cents: 1}, 10)
