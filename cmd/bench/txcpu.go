@@ -133,6 +133,9 @@ func (rep *report) runTxCPU(ctx context.Context, cfg *pgxpool.Config, log io.Wri
 			res[i].cpu = append(res[i].cpu, c1-c0)
 		}
 	}
+	for _, r := range res {
+		slices.Sort(r.cpu)
+	}
 	fmt.Fprintf(log, "bench: server CPU per transaction: %d of each of %d variants in %v\n", n, len(ops), time.Since(start).Round(time.Millisecond))
 	rep.txCPU = res
 	return nil
@@ -161,25 +164,18 @@ func (rep *report) txCPUTable() (table, bool) {
 	}
 	t := table{title: fmt.Sprintf("%s (%d transactions of each, interleaved on one backend)", titleTxCPU, rep.opts.txCPU),
 		headers: []string{"transaction", "median", "lower quartile", "mean", "median above the effect alone"}}
-	base := medianDur(rep.txCPU[0].cpu)
+	// runTxCPU left each variant's times sorted.
+	base := rep.txCPU[0].cpu[len(rep.txCPU[0].cpu)/2]
 	for _, r := range rep.txCPU {
-		s := slices.Clone(r.cpu)
-		slices.Sort(s)
+		s := r.cpu
 		var sum time.Duration
 		for _, d := range s {
 			sum += d
 		}
-		med := medianDur(s)
+		med := s[len(s)/2]
 		t.rows = append(t.rows, []string{r.name, us(med), us(s[len(s)/4]), us(sum / time.Duration(len(s))), usDelta(med - base)})
 	}
 	return t, true
-}
-
-// medianDur returns the median of ds (sorted or not).
-func medianDur(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 // us formats d in microseconds with one decimal.
