@@ -64,14 +64,20 @@ func TestOffsetsCommittedCoalesced(t *testing.T) {
 	b := setup(t, 4)
 	const total = 1000
 	b.produce(t, numbered(total, "c-%d", nil)...)
-	m := b.start(t, dedupekafka.Config{CommitInterval: 100 * time.Millisecond}, insertEffect)
+	const interval = 100 * time.Millisecond
+	started := time.Now()
+	m := b.start(t, dedupekafka.Config{CommitInterval: interval}, insertEffect)
 	b.waitDrained(t, 60*time.Second)
+	elapsed := time.Since(started)
 	b.wantEffects(t, total)
 	commits := m.events(dedupe.EventOffsetsCommitted)
-	// One request per interval that saw progress, covering every partition:
-	// well under one a message even on a slow machine.
-	if commits == 0 || commits > total/10 {
-		t.Fatalf("%d offset commits for %d messages, want a few (observed %s)", commits, total, m.obs)
+	// One request per interval that saw progress, covering every partition,
+	// and the last flush: at most one per interval of the run however slow
+	// the machine (a loaded one took 11 s and 107 commits), and well under
+	// one a message.
+	if most := int64(elapsed/interval) + 2; commits == 0 || commits > most || commits > total/4 {
+		t.Fatalf("%d offset commits for %d messages in %v, want at most %d (one per %v) and under %d (observed %s)",
+			commits, total, elapsed.Round(time.Millisecond), most, interval, total/4, m.obs)
 	}
 	t.Logf("%d messages, %d offset commits covering %d partitions", total, commits, m.obs.Covered(dedupe.EventOffsetsCommitted))
 }
